@@ -1,0 +1,44 @@
+"""A simulated 2-node cluster (two raylets on this machine): one group spans both nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime_workers import EchoWorker
+from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_group_spans_two_nodes_and_all_reduce_works(two_node_cluster):
+    pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="twonode")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name="twonode")
+    nodes = [ident.node_id for ident in group.identities]
+    assert nodes[0] == nodes[1] and nodes[2] == nodes[3]  # a node's bundles stay together
+    assert nodes[0] != nodes[2]  # the two halves landed on different raylets
+    info = group.whoami("")
+    assert [o["local_rank"] for o in info] == [0, 1, 0, 1]
+    # sum over r of 1*(r+1) = 1+2+3+4
+    assert group.all_reduce(1.0) == [10.0] * 4
+    group.shutdown()
+    pool.release()
+
+
+def test_impossible_placement_fails_with_the_numbers(two_node_cluster):
+    pool = RayResourcePool([3], use_gpu=False, name_prefix="toobig", placement_timeout_s=3)
+    with pytest.raises(RuntimeError, match=r"could not place \[3\] processes"):
+        pool.placement_groups()

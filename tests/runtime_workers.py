@@ -1,0 +1,106 @@
+"""Worker classes the runtime tests run inside real Ray actors."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from verlx.protocol import DataProto
+from verlx.single_controller import Dispatch, Worker, register
+
+
+class EchoWorker(Worker):
+    """Records what reached which rank."""
+
+    def __init__(self, tag: str = "echo"):
+        super().__init__()
+        self.tag = tag
+        self.state = 0
+
+    @register(Dispatch.ONE_TO_ALL)
+    def whoami(self, suffix: str):
+        return {"rank": self.rank, "world": self.world_size, "pid": os.getpid(), "tag": self.tag + suffix,
+                "master": (self.master_addr, self.master_port), "local_rank": self.local_rank}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def add(self, value: int):
+        self.state += value
+        return self.state
+
+    @register(Dispatch.DP_COMPUTE)
+    def take_mine(self, item):
+        return (self.rank, item)
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def double(self, data: DataProto) -> DataProto:
+        out = DataProto({"x2": data.batch["x"] * 2, "seen_by": torch.full((len(data),), self.rank)})
+        return out
+
+    @register(Dispatch.RANK_ZERO)
+    def only_zero(self):
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep(self, seconds: float):
+        time.sleep(seconds)
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def fail_on(self, rank: int):
+        if self.rank == rank:
+            raise ValueError(f"deliberate failure on rank {rank}")
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def die_on(self, rank: int, after_s: float = 0.0):
+        time.sleep(after_s)
+        if self.rank == rank:
+            os._exit(1)
+        time.sleep(60)
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def hang_in_function_named_stuck_here(self, seconds: float):
+        time.sleep(seconds)
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def all_reduce(self, value: float):
+        import torch.distributed as dist
+
+        from verlx.utils.distributed import init_distributed
+
+        init_distributed(timeout_s=60)
+        t = torch.tensor([value * (self.rank + 1)])
+        dist.all_reduce(t)
+        return float(t.item())
+
+
+class TensorParallelWorker(Worker):
+    """Pairs of ranks form a TP group: both get the same shard, only the first returns it."""
+
+    def __init__(self, tp: int = 2):
+        super().__init__()
+        self.set_dispatch_info("rollout", self.rank // tp, self.world_size // tp, self.rank % tp == 0)
+
+    @register(Dispatch.DP_COMPUTE_PROTO, mesh="rollout")
+    def tag(self, data: DataProto) -> DataProto:
+        return DataProto({"x": data.batch["x"], "rank": torch.full((len(data),), self.rank)})
+
+
+class CriticLikeWorker(Worker):
+    def __init__(self, scale: int):
+        super().__init__()
+        self.scale = scale
+        self.calls = 0
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pid_and_calls(self):
+        self.calls += 1
+        return os.getpid(), self.calls, self.scale
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def scaled(self, data: DataProto) -> DataProto:
+        return DataProto({"y": data.batch["x"] * self.scale})

@@ -1,0 +1,7 @@
+"""The Ray implementation of the single-controller runtime."""
+
+from verlx.single_controller.ray.colocate import create_colocated_worker_cls
+from verlx.single_controller.ray.resource_pool import RayResourcePool
+from verlx.single_controller.ray.worker_group import GroupFuture, RayClassWithInitArgs, RayWorkerGroup
+
+__all__ = ["GroupFuture", "RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "create_colocated_worker_cls"]

@@ -1,0 +1,235 @@
+"""RayWorkerGroup: one Ray actor per bundle, driven as one object from the single controller."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from verlx.single_controller.decorator import DISPATCH_MODES, DispatchPlan, MethodSpec, method_spec
+from verlx.single_controller.errors import PhaseTimeoutError, WorkerCallError, WorkerDiedError
+from verlx.single_controller.ray.resource_pool import RayResourcePool
+from verlx.single_controller.ray.stacks import dump_stacks
+
+_POLL_S = 0.5
+
+
+class RayClassWithInitArgs:
+    """A worker class plus the arguments its constructor gets in every actor."""
+
+    def __init__(self, cls: type, *args, **kwargs):
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+        self.env_vars: dict[str, str] = {}
+
+    def with_env(self, **env_vars: str) -> "RayClassWithInitArgs":
+        self.env_vars.update({k: str(v) for k, v in env_vars.items()})
+        return self
+
+
+def registered_methods(cls: type) -> dict[str, MethodSpec]:
+    return {
+        name: spec
+        for name, fn in inspect.getmembers(cls, predicate=callable)
+        if (spec := method_spec(fn)) is not None
+    }
+
+
+class GroupFuture:
+    """The pending result of a group call; `get()` waits under the group's watchdog and collects."""
+
+    def __init__(self, group: "RayWorkerGroup", method: str, plan: DispatchPlan, refs: list, collect: Callable):
+        self.group, self.method, self.plan, self.refs, self._collect = group, method, plan, refs, collect
+
+    def get(self, timeout_s: float | None = None) -> Any:
+        timeout_s = self.group.timeout_for(self.method) if timeout_s is None else timeout_s
+        outputs = self.group.wait(self.method, self.plan.ranks, self.refs, timeout_s)
+        return self._collect(outputs)
+
+
+class RayWorkerGroup:
+    """Creates one actor per bundle of `resource_pool` and binds every `@register`-ed method as a group method.
+
+    Blocking methods return the collected result; non-blocking ones return a GroupFuture. Every wait runs
+    under a watchdog: a worker that raises surfaces its traceback with group and rank, a dead worker is
+    reported within about a second, and a call past its timeout reports the ranks still running and their stacks.
+    """
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool | None,
+        ray_cls_with_init: RayClassWithInitArgs | None,
+        name: str = "workers",
+        default_timeout_s: float | None = None,
+        _existing: "RayWorkerGroup | None" = None,
+    ):
+        self.name = name
+        self.default_timeout_s = default_timeout_s
+        self.timeouts: dict[str, float] = {}
+        if _existing is not None:  # a per-role view sharing the actors of a colocated group
+            self._workers, self._identities = _existing._workers, _existing._identities
+            self._dispatch_cache = _existing._dispatch_cache
+            self.resource_pool = _existing.resource_pool
+            self.default_timeout_s = _existing.default_timeout_s
+            self.timeouts = dict(_existing.timeouts)
+        else:
+            assert resource_pool is not None and ray_cls_with_init is not None
+            self.resource_pool = resource_pool
+            self._dispatch_cache: dict[str, list[tuple[int, int, bool]]] = {}
+            self._identities: list = []
+            self._workers = self._create_workers(resource_pool, ray_cls_with_init)
+            self._identities = self.wait(
+                "get_identity", list(range(self.world_size)), [w.get_identity.remote() for w in self._workers], None
+            )
+            for name, spec in registered_methods(ray_cls_with_init.cls).items():
+                setattr(self, name, self._make_group_method(name, name, spec))
+
+    # ------------------------------------------------------------------ creation
+    def _create_workers(self, pool: RayResourcePool, rcls: RayClassWithInitArgs) -> list:
+        remote_cls = ray.remote(rcls.cls)
+        slots = pool.slots()
+        world = len(slots)
+        local_world = {i: n for i, n in enumerate(pool.process_on_nodes)}
+        workers, master = [], None
+        for rank, slot in enumerate(slots):
+            env = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(slot.bundle_index),
+                "LOCAL_WORLD_SIZE": str(local_world[slot.node_index]),
+                **rcls.env_vars,
+            }
+            if master is not None:
+                env["MASTER_ADDR"], env["MASTER_PORT"] = master[0], str(master[1])
+            actor = remote_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
+                ),
+                runtime_env={"env_vars": env},
+                max_restarts=0,
+                **pool.actor_resources(),
+            ).remote(*rcls.args, **rcls.kwargs)
+            if rank == 0:
+                master = self.wait("pick_master_address", [0], [actor.pick_master_address.remote()], None)[0]
+            workers.append(actor)
+        return workers
+
+    def _make_group_method(self, remote_name: str, public_name: str, spec: MethodSpec):
+        mode = DISPATCH_MODES.get(spec.dispatch_mode)
+
+        def group_method(*args, **kwargs):
+            plan = mode.dispatch(self, public_name, spec.mesh, args, kwargs)
+            refs = [getattr(self._workers[rank], remote_name).remote(*a, **kw) for rank, a, kw in plan.calls]
+            future = GroupFuture(self, public_name, plan, refs, lambda outs: mode.collect(self, plan, outs))
+            return future.get() if spec.blocking else future
+
+        group_method.__name__ = public_name
+        return group_method
+
+    # ------------------------------------------------------------------ views
+    @property
+    def world_size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def workers(self) -> list:
+        return list(self._workers)
+
+    @property
+    def identities(self):
+        return list(self._identities)
+
+    def spawn(self, roles: dict[str, type]) -> dict[str, "RayWorkerGroup"]:
+        """Per-role views of a colocated WorkerDict group: `views[role].method` calls `role_method` remotely."""
+        views = {}
+        for role, cls in roles.items():
+            view = RayWorkerGroup(None, None, name=role, _existing=self)
+            for name, spec in registered_methods(cls).items():
+                setattr(view, name, view._make_group_method(f"{role}_{name}", name, spec))
+            views[role] = view
+        return views
+
+    def dispatch_info(self, mesh: str) -> list[tuple[int, int, bool]]:
+        """Every rank's (dp_rank, dp_size, is_collect) in `mesh`, asked once and cached."""
+        if mesh not in self._dispatch_cache:
+            refs = [w.get_dispatch_info.remote(mesh) for w in self._workers]
+            infos = self.wait("get_dispatch_info", list(range(self.world_size)), refs, None)
+            sizes = {size for _, size, _ in infos}
+            if len(sizes) != 1:
+                raise RuntimeError(f"{self.name}: ranks disagree on the dp size of mesh '{mesh}': {infos}")
+            dp_size = sizes.pop()
+            collected = sorted(dp for dp, _, collect in infos if collect)
+            if collected != list(range(dp_size)):
+                raise RuntimeError(
+                    f"{self.name}: mesh '{mesh}' must have exactly one collecting rank per dp rank, got {infos}"
+                )
+            self._dispatch_cache[mesh] = [tuple(i) for i in infos]
+        return self._dispatch_cache[mesh]
+
+    # ------------------------------------------------------------------ calls and watchdog
+    def set_timeouts(self, default_s: float | None = None, **per_method_s: float) -> None:
+        if default_s is not None:
+            self.default_timeout_s = default_s
+        self.timeouts.update(per_method_s)
+
+    def timeout_for(self, method: str) -> float | None:
+        return self.timeouts.get(method, self.default_timeout_s)
+
+    def execute_all(self, method: str, *args, **kwargs) -> list:
+        """Call any worker method on every rank with the same arguments (for methods without @register)."""
+        refs = [getattr(w, method).remote(*args, **kwargs) for w in self._workers]
+        return self.wait(method, list(range(self.world_size)), refs, self.timeout_for(method))
+
+    def execute_rank(self, rank: int, method: str, *args, **kwargs):
+        return self.wait(method, [rank], [getattr(self._workers[rank], method).remote(*args, **kwargs)],
+                         self.timeout_for(method))[0]
+
+    def wait(self, method: str, ranks: list[int], refs: list, timeout_s: float | None) -> list:
+        """All results in order; the first failure raises at once, naming its rank."""
+        results: dict[int, Any] = {}
+        pending = dict(zip(refs, range(len(refs))))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            wait_s = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait_s)
+            for ref in ready:
+                position = pending.pop(ref)
+                results[position] = self._result_or_raise(method, ranks[position], ref)
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                running = sorted(ranks[p] for p in pending.values())
+                self._raise_if_any_died(method, running)
+                stacks = dump_stacks({r: self._identities[r] for r in running}) if self._identities else {}
+                raise PhaseTimeoutError(self.name, method, timeout_s, running, stacks)
+        return [results[i] for i in range(len(refs))]
+
+    def _result_or_raise(self, method: str, rank: int, ref):
+        try:
+            return ray.get(ref)
+        except RayTaskError as e:
+            cause = e.cause if isinstance(e.cause, BaseException) else None
+            if isinstance(cause, (RayActorError, ActorDiedError)):
+                raise WorkerDiedError(self.name, method, rank, str(cause)) from None
+            raise WorkerCallError(self.name, method, rank, str(e)) from cause
+        except (ActorDiedError, RayActorError, ActorUnavailableError) as e:
+            raise WorkerDiedError(self.name, method, rank, _first_line(str(e))) from None
+
+    def _raise_if_any_died(self, method: str, ranks: list[int]) -> None:
+        """A rank stuck in a collective often means a peer died: report the death rather than the hang."""
+        for rank in ranks:
+            try:
+                ray.get(self._workers[rank].__ray_ready__.remote(), timeout=2)
+            except (ActorDiedError, RayActorError) as e:
+                raise WorkerDiedError(self.name, method, rank, _first_line(str(e))) from None
+            except ray.exceptions.GetTimeoutError:
+                pass
+
+    def shutdown(self) -> None:
+        for w in self._workers:
+            ray.kill(w, no_restart=True)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
