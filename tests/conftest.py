@@ -15,7 +15,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, TESTS_DIR)
+sys.path[:0] = [REPO_DIR, TESTS_DIR]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,164 @@
+"""YAML / OmegaConf / dict → typed dataclasses, with unknown keys and wrong types reported by dotted path."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, Mapping, Sequence, TypeVar, Union
+
+from verlx.utils.registry import did_you_mean
+
+T = TypeVar("T")
+CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class ConfigError(ValueError):
+    """Every problem found in a config, each naming its key."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid config ({len(self.problems)} problem{'s' * (len(self.problems) != 1)}):\n{lines}")
+
+
+def build(cls: type[T], data: Mapping[str, Any] | None, path: str = "") -> T:
+    """Build `cls` from a plain mapping; raise ConfigError listing every unknown key and type mismatch."""
+    problems: list[str] = []
+    obj = _build_dataclass(cls, data or {}, path, problems)
+    if problems:
+        raise ConfigError(problems)
+    return obj
+
+
+def _build_dataclass(cls, data: Mapping[str, Any], path: str, problems: list[str]):
+    if not isinstance(data, Mapping):
+        problems.append(f"{path or '<root>'}: expected a section of keys, got {data!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            problems.append(f"unknown key '{dotted}'." + did_you_mean(key, names) + _list_keys(path, names))
+            continue
+        kwargs[key] = _convert(hints[key], value, dotted, problems)
+    return cls(**kwargs)
+
+
+def _list_keys(path: str, names: list[str]) -> str:
+    return f" Keys under '{path or '<root>'}': {', '.join(names)}" if len(names) <= 12 else ""
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(tp, value, path: str, problems: list[str]):
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build_dataclass(tp, value, path, problems)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None:
+            if type(None) in options:
+                return None
+            problems.append(f"'{path}' must not be null")
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            trial: list[str] = []
+            converted = _convert(option, value, path, trial)
+            if not trial:
+                return converted
+        problems.append(f"'{path}' = {value!r} is not a {' or '.join(_type_name(o) for o in options)}")
+        return None
+    if origin is list:
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, (list, tuple)):
+            problems.append(f"'{path}' must be a list, got {value!r}")
+            return []
+        return [_convert(item_tp, v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            problems.append(f"'{path}' must be a mapping, got {value!r}")
+            return {}
+        _, value_tp = typing.get_args(tp) or (str, Any)
+        return {k: _convert(value_tp, v, f"{path}.{k}", problems) for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    problems.append(f"'{path}' = {value!r} must be {_type_name(tp)}")
+    return value
+
+
+def to_container(cfg) -> dict:
+    """OmegaConf config (interpolations resolved) or mapping → plain dict."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+def load_yaml(config_name: str = "ppo_trainer", overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR):
+    """Compose a config the way the Hydra entry point does (same YAML, same override grammar)."""
+    from hydra import compose, initialize_config_dir
+
+    check_override_keys(overrides, config_name)
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_trainer") -> None:
+    """Reject overrides of keys the schema lacks (with a did-you-mean) before Hydra's terser error."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from verlx.config.schema import PPOConfig
+
+    parser = OverridesParser.create()
+    problems = []
+    for override in parser.parse_overrides(list(overrides)):
+        if override.is_delete():
+            continue
+        key = override.key_or_group
+        if key.startswith("hydra.") or key == "hydra":
+            continue
+        problem = _unknown_key_problem(PPOConfig, key.split("."))
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _unknown_key_problem(cls, parts: list[str]) -> str | None:
+    tp: Any = cls
+    for depth, part in enumerate(parts):
+        while typing.get_origin(tp) in (Union, types.UnionType):
+            tp = next(o for o in typing.get_args(tp) if o is not type(None))
+        if typing.get_origin(tp) is dict or tp is Any:
+            return None  # free-form mapping: any key is fine
+        if not dataclasses.is_dataclass(tp):
+            return f"'{'.'.join(parts)}': '{'.'.join(parts[:depth])}' is a value, not a section"
+        names = [f.name for f in dataclasses.fields(tp)]
+        if part not in names:
+            dotted = ".".join(parts[: depth + 1])
+            return f"unknown key '{dotted}'." + did_you_mean(part, names) + _list_keys(".".join(parts[:depth]), names)
+        tp = typing.get_type_hints(tp)[part]
+    return None

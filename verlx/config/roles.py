@@ -1,0 +1,168 @@
+"""Typed configs of the worker roles: actor, reference, rollout engine and critic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verlx.config.engine import (
+    CheckpointConfig,
+    CriticModelConfig,
+    FSDPConfig,
+    MegatronConfig,
+    ModelConfig,
+    OptimConfig,
+    RefFSDPConfig,
+)
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp"
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size: int | None = None
+    ppo_micro_batch_size_per_gpu: int | None = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    data_loader_seed: int = 42
+    grad_clip: float = 1.0
+    ulysses_sequence_parallel_size: int = 1
+    entropy_checkpointing: bool = False
+    entropy_from_logits_with_chunking: bool = False
+    use_torch_compile: bool = False
+    logprob_chunk_size: int = 1024
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+@dataclass
+class RefConfig:
+    strategy: str = "fsdp"
+    log_prob_micro_batch_size: int | None = None
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = False
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass
+class SamplingConfig:
+    top_k: int = -1
+    top_p: float = 1.0
+    temperature: float = 0.0
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class EngineKwargs:
+    vllm: dict[str, Any] = field(default_factory=dict)
+    sglang: dict[str, Any] = field(default_factory=dict)
+    native: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "auto"
+    mode: str = "sync"
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    prompt_length: int = 512
+    response_length: int = 512
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float = 0.5
+    ignore_eos: bool = False
+    enforce_eager: bool = False
+    free_cache_engine: bool = True
+    tensor_model_parallel_size: int = 1
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    load_format: str = "dummy"
+    log_prob_micro_batch_size: int | None = None
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    disable_log_stats: bool = True
+    do_sample: bool = True
+    n: int = 1
+    calculate_log_probs: bool = True
+    seed: int = 0
+    update_weights_bucket_megabytes: int = 512
+    sleep_level: int = 1
+    multi_stage_wake_up: bool = True
+    engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    nccl_timeout: int = 600
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+@dataclass
+class CriticConfig:
+    enable: bool | None = None
+    strategy: str = "fsdp"
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size: int | None = None
+    ppo_micro_batch_size_per_gpu: int | None = None
+    forward_micro_batch_size: int | None = None
+    forward_micro_batch_size_per_gpu: int | None = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int = 32768
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    data_loader_seed: int = 42
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    grad_clip: float = 1.0
+    ulysses_sequence_parallel_size: int = 1
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -1,0 +1,144 @@
+"""Typed configs of data, rewards, the algorithm and the run itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DataConfig:
+    tokenizer: str | None = None
+    train_files: str | list[str] = "~/data/gsm8k/train.parquet"
+    val_files: str | list[str] | None = "~/data/gsm8k/test.parquet"
+    train_max_samples: int = -1
+    val_max_samples: int = -1
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    train_batch_size: int = 1024
+    val_batch_size: int | None = None
+    return_raw_chat: bool = False
+    return_raw_input_ids: bool = False
+    return_full_prompt: bool = False
+    shuffle: bool = True
+    seed: int | None = None
+    validation_shuffle: bool = False
+    filter_overlong_prompts: bool = False
+    filter_overlong_prompts_workers: int = 1
+    truncation: str = "error"
+    skip_bad_rows: bool = False
+    trust_remote_code: bool = False
+    dataloader_num_workers: int = 0
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    log: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    reward_manager: str = "naive"
+    launch_reward_fn_async: bool = False
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+@dataclass
+class RewardConfig:
+    num_workers: int = 2
+    timeout_s: float = 30.0
+    error_score: float = 0.0
+    max_error_fraction: float = 1.0
+    show_errors: int = 3
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: str | None = None
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    metric: str = "score"
+    max_num_gen_batches: int = 10
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0
+    lam: float = 1.0
+    adv_estimator: str = "gae"
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+@dataclass
+class TrainerConfig:
+    balance_batch: bool = True
+    total_epochs: int = 30
+    total_training_steps: int | None = None
+    project_name: str = "verlx_examples"
+    experiment_name: str = "gsm8k"
+    logger: str | list[str] = field(default_factory=lambda: ["console", "file"])
+    log_val_generations: int = 0
+    rollout_data_dir: str | None = None
+    validation_data_dir: str | None = None
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    save_freq: int = -1
+    resume_mode: str = "auto"
+    resume_from_path: str | None = None
+    val_before_train: bool = True
+    val_only: bool = False
+    test_freq: int = -1
+    critic_warmup: int = 0
+    default_local_dir: str = "checkpoints/verlx_examples/gsm8k"
+    default_hdfs_dir: str | None = None
+    del_local_ckpt_after_load: bool = False
+    max_actor_ckpt_to_keep: int | None = None
+    max_critic_ckpt_to_keep: int | None = None
+    device: str = "cuda"
+    seed: int = 1
+    output_dir: str = "outputs/verlx_examples/gsm8k"
+    phase_timeout_s: float | None = 3600
+    phase_timeouts: dict[str, float] = field(default_factory=dict)
+    max_restarts: int = 0
+    max_consecutive_nonfinite_updates: int = 3
+    progress_bar: bool = True
+
+    @property
+    def loggers(self) -> list[str]:
+        return [self.logger] if isinstance(self.logger, str) else list(self.logger)
+
+
+@dataclass
+class RayInitConfig:
+    num_cpus: int | None = None
+    address: str | None = None
+
+
+@dataclass
+class RayKwargsConfig:
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    timeline_json_file: str | None = None

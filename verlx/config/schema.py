@@ -1,0 +1,42 @@
+"""The root config: one typed dataclass per YAML section of ppo_trainer.yaml."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verlx.config.roles import ActorRolloutRefConfig, CriticConfig
+from verlx.config.run import (
+    AlgorithmConfig,
+    CustomRewardFunctionConfig,
+    DataConfig,
+    RayKwargsConfig,
+    RewardConfig,
+    RewardModelConfig,
+    TrainerConfig,
+)
+
+
+@dataclass
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+
+    @property
+    def use_critic(self) -> bool:
+        """critic.enable when set, else whether the advantage estimator needs values."""
+        if self.critic.enable is not None:
+            return self.critic.enable
+        from verlx.algorithms.advantages import estimator_needs_critic
+
+        return estimator_needs_critic(self.algorithm.adv_estimator)
+
+    @property
+    def use_reference(self) -> bool:
+        return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss

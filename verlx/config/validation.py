@@ -1,0 +1,278 @@
+"""Checks across keys, run before Ray starts: names, batch arithmetic, paths, unsupported combinations.
+
+Every problem names the keys and values involved and what would work; all problems are reported at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from verlx.config.loader import ConfigError
+from verlx.config.schema import PPOConfig
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("fsdp", "fsdp2", "megatron")
+TRUNCATIONS = ("error", "left", "right", "middle")
+RESUME_MODES = ("auto", "disable", "resume_path")
+SCHEDULERS = ("constant", "cosine")
+DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
+
+
+@dataclass
+class Findings:
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def require(self, ok: bool, message: str) -> bool:
+        if not ok:
+            self.problems.append(message)
+        return ok
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _near(values: list[int], target: int, k: int = 4) -> str:
+    return ", ".join(str(v) for v in sorted(values, key=lambda v: (abs(v - target), v))[:k])
+
+
+def _choice(f: Findings, key: str, value: str, allowed) -> None:
+    from verlx.utils.registry import did_you_mean
+
+    allowed = list(allowed)
+    f.require(value in allowed, f"{key}={value!r} is not one of {allowed}.{did_you_mean(value, allowed)}")
+
+
+def _registered(f: Findings, key: str, value: str, registry) -> None:
+    try:
+        registry.get(value)
+    except KeyError as e:
+        f.problems.append(f"{key}: {e}")
+
+
+def world_size_of(cfg: PPOConfig) -> int:
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def check_names(cfg: PPOConfig, f: Findings) -> None:
+    from verlx.algorithms.advantages import ADV_ESTIMATORS
+    from verlx.algorithms.core import LOSS_AGG_MODES
+    from verlx.algorithms.kl import KL_CONTROLLERS, KL_PENALTIES
+    from verlx.algorithms.policy_losses import POLICY_LOSSES
+    from verlx.reward.managers import REWARD_MANAGERS
+    from verlx.rollout.base import ROLLOUT_ENGINES, _import_builtin_engines
+
+    a, arr = cfg.algorithm, cfg.actor_rollout_ref
+    _registered(f, "algorithm.adv_estimator", a.adv_estimator, ADV_ESTIMATORS)
+    _registered(f, "actor_rollout_ref.actor.policy_loss.loss_mode", arr.actor.policy_loss.loss_mode, POLICY_LOSSES)
+    _registered(f, "algorithm.kl_penalty", a.kl_penalty, KL_PENALTIES)
+    _registered(f, "actor_rollout_ref.actor.kl_loss_type", arr.actor.kl_loss_type, KL_PENALTIES)
+    _registered(f, "algorithm.kl_ctrl.type", a.kl_ctrl.type, KL_CONTROLLERS)
+    _registered(f, "reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
+    _choice(f, "actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES)
+    _choice(f, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
+    _import_builtin_engines()
+    if arr.rollout.name != "auto":
+        _registered(f, "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES)
+    _choice(f, "actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES)
+    _choice(f, "critic.strategy", cfg.critic.strategy, STRATEGIES)
+    _choice(f, "data.truncation", cfg.data.truncation, TRUNCATIONS)
+    _choice(f, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
+    _choice(f, "actor_rollout_ref.rollout.dtype", arr.rollout.dtype, DTYPES)
+    _choice(f, "actor_rollout_ref.rollout.mode", arr.rollout.mode, ("sync",))
+    for key, optim in (("actor_rollout_ref.actor.optim", arr.actor.optim), ("critic.optim", cfg.critic.optim)):
+        _choice(f, f"{key}.lr_scheduler_type", optim.warmup_style or optim.lr_scheduler_type, SCHEDULERS)
+        _choice(f, f"{key}.optimizer", optim.optimizer, ("AdamW",))
+
+
+def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None:
+    """veRL semantics: mini-batch sizes count prompts; micro-batch sizes count samples per GPU."""
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    n = arr.rollout.n
+    train = data.train_batch_size
+    f.require(train > 0, f"data.train_batch_size={train} must be positive")
+    f.require(n >= 1, f"actor_rollout_ref.rollout.n={n} must be >= 1")
+    if train <= 0 or n < 1:
+        return
+    samples = train * n
+    if not f.require(
+        samples % world_size == 0,
+        f"data.train_batch_size × rollout.n = {train}×{n} = {samples} samples do not split evenly over "
+        f"{world_size} workers (trainer.nnodes × trainer.n_gpus_per_node); pick a train_batch_size that makes "
+        f"{train}×{n} a multiple of {world_size}",
+    ):
+        return
+    roles = [("actor_rollout_ref.actor", arr.actor, arr.actor.ulysses_sequence_parallel_size)]
+    if cfg.use_critic:
+        roles.append(("critic", cfg.critic, cfg.critic.ulysses_sequence_parallel_size))
+    for key, role, sp in roles:
+        mini = role.ppo_mini_batch_size
+        if not f.require(mini > 0, f"{key}.ppo_mini_batch_size={mini} must be positive"):
+            continue
+        if not f.require(
+            train % mini == 0,
+            f"data.train_batch_size={train} is not a multiple of {key}.ppo_mini_batch_size={mini}; "
+            f"mini-batch sizes that work: {_near(_divisors(train), mini)}",
+        ):
+            continue
+        if not f.require(
+            sp >= 1 and world_size % sp == 0,
+            f"{key}.ulysses_sequence_parallel_size={sp} must divide the world size {world_size}",
+        ):
+            continue
+        dp = world_size // sp
+        mini_samples = mini * n
+        if not f.require(
+            mini_samples % dp == 0,
+            f"{key}.ppo_mini_batch_size × rollout.n = {mini}×{n} = {mini_samples} samples do not split over "
+            f"{dp} data-parallel ranks; choose ppo_mini_batch_size so that {mini}×{n} is a multiple of {dp}",
+        ):
+            continue
+        per_gpu = mini_samples // dp
+        micro = _micro_per_gpu(role.ppo_micro_batch_size, role.ppo_micro_batch_size_per_gpu, dp)
+        if role.use_dynamic_bsz:
+            continue
+        if micro is None:
+            f.problems.append(
+                f"{key}.ppo_micro_batch_size_per_gpu is not set (and use_dynamic_bsz is false); each GPU gets "
+                f"{per_gpu} samples per mini-batch, so micro-batch sizes that work are {_near(_divisors(per_gpu), 4)}"
+            )
+            continue
+        f.require(
+            micro > 0 and per_gpu % micro == 0,
+            f"{key}.ppo_micro_batch_size_per_gpu={micro} does not divide the {per_gpu} samples each GPU gets per "
+            f"mini-batch ({key}.ppo_mini_batch_size={mini} × rollout.n={n} / {dp} ranks); "
+            f"values that work: {_near(_divisors(per_gpu), micro)}",
+        )
+    log_prob_roles = [("actor_rollout_ref.rollout", arr.rollout.log_prob_micro_batch_size,
+                       arr.rollout.log_prob_micro_batch_size_per_gpu, arr.rollout.log_prob_use_dynamic_bsz)]
+    if cfg.use_reference:
+        log_prob_roles.append(("actor_rollout_ref.ref", arr.ref.log_prob_micro_batch_size,
+                               arr.ref.log_prob_micro_batch_size_per_gpu, arr.ref.log_prob_use_dynamic_bsz))
+    for key, global_micro, per_gpu_micro, dynamic in log_prob_roles:
+        if dynamic:
+            continue
+        micro = _micro_per_gpu(global_micro, per_gpu_micro, world_size)
+        f.require(
+            micro is not None and micro > 0,
+            f"{key}.log_prob_micro_batch_size_per_gpu is not set (and log_prob_use_dynamic_bsz is false); "
+            "set it to the samples per log-prob forward pass on each GPU, e.g. 8",
+        )
+    tp = arr.rollout.tensor_model_parallel_size
+    f.require(
+        tp >= 1 and world_size % tp == 0,
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the world size {world_size}; "
+        f"sizes that work: {_divisors(world_size)}",
+    )
+    if data.val_batch_size is not None:
+        f.require(data.val_batch_size > 0, f"data.val_batch_size={data.val_batch_size} must be positive or null")
+
+
+def _micro_per_gpu(global_micro: int | None, per_gpu: int | None, dp: int) -> int | None:
+    if per_gpu is not None:
+        return per_gpu
+    if global_micro is not None:
+        return max(global_micro // dp, 0)
+    return None
+
+
+def check_algorithm(cfg: PPOConfig, f: Findings) -> None:
+    from verlx.algorithms.advantages import estimator_needs_critic, estimator_needs_groups
+
+    a, arr = cfg.algorithm, cfg.actor_rollout_ref
+    try:
+        needs_critic = estimator_needs_critic(a.adv_estimator)
+        needs_groups = estimator_needs_groups(a.adv_estimator)
+    except KeyError:
+        return  # reported by check_names
+    if needs_critic and cfg.critic.enable is False:
+        f.problems.append(
+            f"algorithm.adv_estimator={a.adv_estimator} needs a critic but critic.enable=false; "
+            "remove critic.enable or pick a critic-free estimator such as grpo"
+        )
+    if needs_groups and arr.rollout.n == 1:
+        f.warnings.append(
+            f"algorithm.adv_estimator={a.adv_estimator} with actor_rollout_ref.rollout.n=1: every group has one "
+            "sample, so every advantage is 0 and the policy will not learn; set rollout.n to 2 or more"
+        )
+    actor = arr.actor
+    f.require(actor.clip_ratio_c > 1.0, f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1")
+    f.require(0 <= actor.clip_low < 1, f"actor clip_ratio_low={actor.clip_low} must be in [0, 1)")
+    f.require(actor.clip_high >= 0, f"actor clip_ratio_high={actor.clip_high} must be >= 0")
+    r = arr.rollout
+    f.require(r.temperature >= 0, f"actor_rollout_ref.rollout.temperature={r.temperature} must be >= 0")
+    f.require(0 < r.top_p <= 1, f"actor_rollout_ref.rollout.top_p={r.top_p} must be in (0, 1]")
+    f.require(r.val_kwargs.n >= 1, f"actor_rollout_ref.rollout.val_kwargs.n={r.val_kwargs.n} must be >= 1")
+    f.require(0 < r.gpu_memory_utilization <= 1,
+              f"actor_rollout_ref.rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
+
+
+def check_unsupported(cfg: PPOConfig, f: Findings) -> None:
+    t = cfg.trainer
+    f.require(not cfg.reward_model.enable,
+              "reward_model.enable=true: model-based reward models are not supported yet; use rule rewards "
+              "(custom_reward_function.path) instead")
+    f.require(t.default_hdfs_dir is None, "trainer.default_hdfs_dir: HDFS upload is not supported; set it to null")
+    f.require(cfg.actor_rollout_ref.hybrid_engine,
+              "actor_rollout_ref.hybrid_engine=false: only the colocated (hybrid) layout is supported")
+    for key, ckpt in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.checkpoint),
+                      ("critic", cfg.critic.checkpoint)):
+        f.require(not ckpt.async_save, f"{key}.checkpoint.async_save=true is not supported yet; set it to false")
+    f.require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
+              f"trainer.nnodes={t.nnodes} and trainer.n_gpus_per_node={t.n_gpus_per_node} must be >= 1")
+    if t.resume_mode == "resume_path":
+        f.require(t.resume_from_path is not None,
+                  "trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
+    loggers = t.loggers
+    from verlx.utils.tracking import LOGGERS
+
+    for name in loggers:
+        _registered(f, "trainer.logger", name, LOGGERS)
+
+
+def _expand(path: str) -> str:
+    return os.path.expanduser(os.path.expandvars(path))
+
+
+def check_paths(cfg: PPOConfig, f: Findings) -> None:
+    d = cfg.data
+    files = [("data.train_files", p) for p in ([d.train_files] if isinstance(d.train_files, str) else d.train_files)]
+    if d.val_files is not None:
+        files += [("data.val_files", p) for p in ([d.val_files] if isinstance(d.val_files, str) else d.val_files)]
+    for key, path in files:
+        f.require(os.path.isfile(_expand(path)), f"{key}: file {path!r} does not exist; run a script in "
+                  "examples/data_preprocess/ to create it or fix the path")
+    model = cfg.actor_rollout_ref.model
+    model_dir = _expand(model.path)
+    if f.require(os.path.isdir(model_dir), f"actor_rollout_ref.model.path: directory {model.path!r} does not exist "
+                 "(verlx loads local HF model directories; download the model first)"):
+        f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
+                  f"actor_rollout_ref.model.path: {model.path!r} has no config.json; is it a HuggingFace model directory?")
+    crf = cfg.custom_reward_function
+    if crf.path is not None:
+        f.require(os.path.isfile(_expand(crf.path)),
+                  f"custom_reward_function.path: file {crf.path!r} does not exist")
+    if cfg.use_critic and cfg.critic.model.path is not None:
+        f.require(os.path.isdir(_expand(cfg.critic.model.path)),
+                  f"critic.model.path: directory {cfg.critic.model.path!r} does not exist")
+
+
+def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = True) -> list[str]:
+    """Raise ConfigError with every problem found; return the warnings (also logged)."""
+    f = Findings()
+    check_names(cfg, f)
+    check_unsupported(cfg, f)
+    if not f.problems:
+        check_algorithm(cfg, f)
+        check_batch_arithmetic(cfg, f, world_size or world_size_of(cfg))
+    if check_files:
+        check_paths(cfg, f)
+    if f.problems:
+        raise ConfigError(f.problems)
+    for w in f.warnings:
+        logger.warning(w)
+    return f.warnings

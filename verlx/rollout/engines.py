@@ -1,0 +1,3 @@
+"""Importing this module registers every built-in rollout engine (each imports its own package lazily)."""
+
+from verlx.rollout import hf_engine  # noqa: F401
