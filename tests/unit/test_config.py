@@ -1,0 +1,215 @@
+"""Config loading and validation: every error names the offending keys and values."""
+
+from __future__ import annotations
+
+import pytest
+
+from verlx.config.loader import ConfigError, build, check_override_keys, load_yaml, to_container
+from verlx.config.schema import PPOConfig
+from verlx.config.validation import validate
+
+# The quick-start command of veRL's own docs (docs/start/quickstart.rst), with `verl` → `verlx`.
+VERL_QUICKSTART = [
+    "data.train_files=/home/user/data/gsm8k/train.parquet",
+    "data.val_files=/home/user/data/gsm8k/test.parquet",
+    "data.train_batch_size=256",
+    "data.max_prompt_length=512",
+    "data.max_response_length=512",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "critic.optim.lr=1e-5",
+    "critic.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.logger=console",
+    "trainer.val_before_train=False",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "trainer.save_freq=10",
+    "trainer.test_freq=10",
+    "trainer.total_epochs=15",
+]
+
+# veRL's examples/grpo_trainer/run_qwen2-7b.sh
+VERL_GRPO = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_files=/home/user/data/gsm8k/train.parquet",
+    "data.val_files=/home/user/data/gsm8k/test.parquet",
+    "data.train_batch_size=1024",
+    "data.max_prompt_length=512",
+    "data.max_response_length=1024",
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[\"console\"]",
+    "trainer.project_name='verl_grpo_example_gsm8k'",
+    "trainer.experiment_name='qwen2_7b_function_rm'",
+    "trainer.n_gpus_per_node=8",
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
+
+
+def config_from(overrides) -> PPOConfig:
+    return build(PPOConfig, to_container(load_yaml(overrides=overrides)))
+
+
+@pytest.mark.parametrize("overrides", [VERL_QUICKSTART, VERL_GRPO], ids=["verl-quickstart", "verl-grpo"])
+def test_verl_command_lines_are_accepted_unchanged(overrides):
+    cfg = config_from(overrides)
+    assert validate(cfg, check_files=False) is not None
+
+
+def test_yaml_defaults_match_dataclass_defaults():
+    """The YAML is what users read; the dataclasses must not silently disagree with it."""
+    import dataclasses
+
+    loaded = dataclasses.asdict(config_from([]))
+    defaults = dataclasses.asdict(PPOConfig())
+    interpolated = {  # keys whose YAML value is an interpolation of another key
+        "actor_rollout_ref.rollout.prompt_length", "actor_rollout_ref.rollout.response_length",
+        "trainer.default_local_dir", "trainer.output_dir",
+    }
+
+    def walk(a, b, path=""):
+        for k in a:
+            p = f"{path}.{k}" if path else k
+            if isinstance(a[k], dict) and isinstance(b.get(k), dict) and k not in ("override_config",):
+                walk(a[k], b[k], p)
+            elif p not in interpolated:
+                assert a[k] == b[k], f"{p}: yaml {a[k]!r} != dataclass {b[k]!r}"
+
+    walk(loaded, defaults)
+
+
+def test_unknown_override_suggests_the_key():
+    with pytest.raises(ConfigError) as info:
+        check_override_keys(["actor_rollout_ref.actor.ppo_mini_bach_size=3", "trainer.n_gpu_per_node=2"])
+    text = str(info.value)
+    assert "unknown key 'actor_rollout_ref.actor.ppo_mini_bach_size'. Did you mean 'ppo_mini_batch_size'?" in text
+    assert "unknown key 'trainer.n_gpu_per_node'. Did you mean 'n_gpus_per_node'?" in text
+
+
+def test_free_form_sections_accept_any_key():
+    check_override_keys(["+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+                         "+custom_reward_function.reward_kwargs.strict=true"])
+
+
+def test_unknown_key_in_a_yaml_section_and_wrong_types():
+    with pytest.raises(ConfigError) as info:
+        build(PPOConfig, {"data": {"train_batch_size": "many", "max_prompt_lenght": 3},
+                          "trainer": {"nnodes": 1.5}})
+    problems = info.value.problems
+    assert "'data.train_batch_size' = 'many' must be int" in problems
+    assert any("unknown key 'data.max_prompt_lenght'. Did you mean 'max_prompt_length'?" in p for p in problems)
+    assert "'trainer.nnodes' = 1.5 must be int" in problems
+
+
+def _arith(**over) -> PPOConfig:
+    base = {"data.train_batch_size": 16, "actor_rollout_ref.rollout.n": 4, "trainer.n_gpus_per_node": 2,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
+            "critic.ppo_micro_batch_size_per_gpu": 4, "algorithm.adv_estimator": "grpo"}
+    base.update(over)
+    return config_from([f"{k}={v}" for k, v in base.items()])
+
+
+def test_valid_batch_arithmetic_passes():
+    validate(_arith(), check_files=False)
+
+
+def test_mini_batch_not_dividing_train_batch_names_both_keys():
+    with pytest.raises(ConfigError) as info:
+        validate(_arith(**{"actor_rollout_ref.actor.ppo_mini_batch_size": 6}), check_files=False)
+    text = str(info.value)
+    assert "data.train_batch_size=16 is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=6" in text
+    assert "mini-batch sizes that work: 4, 8" in text
+
+
+def test_micro_batch_not_dividing_per_gpu_share():
+    # mini 8 prompts × n 4 = 32 samples over 2 ranks = 16 per GPU; 5 does not divide 16
+    with pytest.raises(ConfigError) as info:
+        validate(_arith(**{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 5}), check_files=False)
+    text = str(info.value)
+    assert "ppo_micro_batch_size_per_gpu=5 does not divide the 16 samples each GPU gets" in text
+    assert "values that work: 4, 8, 2, 16" in text
+
+
+def test_samples_not_splitting_over_workers():
+    # 3 prompts × n 1 = 3 samples over 2 workers
+    with pytest.raises(ConfigError, match=r"3×1 = 3 samples do not split evenly over 2 workers"):
+        validate(_arith(**{"data.train_batch_size": 3, "actor_rollout_ref.rollout.n": 1,
+                           "actor_rollout_ref.actor.ppo_mini_batch_size": 3}), check_files=False)
+
+
+def test_missing_micro_batch_size_is_named():
+    with pytest.raises(ConfigError, match="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is not set"):
+        validate(_arith(**{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "null"}), check_files=False)
+
+
+def test_tensor_parallel_must_divide_world():
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=4 must divide the world size 2"):
+        validate(_arith(**{"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}), check_files=False)
+
+
+def test_unknown_names_list_registered_ones():
+    with pytest.raises(ConfigError) as info:
+        validate(_arith(**{"algorithm.adv_estimator": "grpoo",
+                           "actor_rollout_ref.actor.policy_loss.loss_mode": "gspoo",
+                           "actor_rollout_ref.rollout.name": "vlm"}), check_files=False)
+    text = str(info.value)
+    assert "algorithm.adv_estimator: unknown advantage estimator 'grpoo'" in text and "Did you mean 'grpo'" in text
+    assert "unknown policy loss 'gspoo'" in text and "vanilla" in text
+    assert "unknown rollout engine 'vlm'" in text and "Did you mean 'vllm'" in text
+
+
+def test_critic_estimator_without_critic():
+    with pytest.raises(ConfigError, match="adv_estimator=gae needs a critic but critic.enable=false"):
+        validate(_arith(**{"algorithm.adv_estimator": "gae", "critic.enable": "false"}), check_files=False)
+
+
+def test_grpo_with_one_sample_warns():
+    warnings = validate(_arith(**{"actor_rollout_ref.rollout.n": 1, "data.train_batch_size": 16,
+                                  "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+                                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4}), check_files=False)
+    assert any("every advantage is 0" in w for w in warnings)
+
+
+def test_missing_files_are_named(tmp_path):
+    cfg = _arith(**{"data.train_files": str(tmp_path / "nope.parquet"), "data.val_files": "null",
+                    "actor_rollout_ref.model.path": str(tmp_path / "no-model")})
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    text = str(info.value)
+    assert f"data.train_files: file '{tmp_path / 'nope.parquet'}' does not exist" in text
+    assert "actor_rollout_ref.model.path: directory" in text

@@ -1,0 +1,104 @@
+"""Log-probs and entropy of target tokens straight from hidden states, a chunk of tokens at a time.
+
+A [tokens, vocab] logits tensor for 16k tokens × 151k vocabulary is 9.7 GB in fp32; autograd would also keep every
+chunk's logits for backward. This autograd function keeps only the hidden states, the target ids and two floats
+per token, and recomputes each chunk's logits in backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _chunk_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """Scaled logits z = h Wᵀ / T (fp32), their log-sum-exp, the target log-prob and the entropy for one chunk."""
+    z = torch.matmul(hidden, weight.t())
+    if z.dtype in (torch.bfloat16, torch.float16):
+        z = z.float()
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    p = torch.exp(z - lse.unsqueeze(-1))
+    entropy = lse - (p * z).sum(-1)
+    return z, lse, p, logp, entropy
+
+
+class _ChunkedLogProb(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy):
+        n = hidden.shape[0]
+        out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        logp = torch.empty(n, device=hidden.device, dtype=out_dtype)
+        entropy = torch.empty(n, device=hidden.device, dtype=out_dtype) if with_entropy else None
+        for start in range(0, n, chunk_size):
+            end = min(start + chunk_size, n)
+            _, _, _, lp, ent = _chunk_stats(hidden[start:end], weight, targets[start:end], temperature)
+            logp[start:end] = lp
+            if with_entropy:
+                entropy[start:end] = ent
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+        return (logp, entropy) if with_entropy else (logp, torch.zeros(0, device=hidden.device))
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets = ctx.saved_tensors
+        t = ctx.temperature
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        acc_dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if need_w else None
+        for start in range(0, hidden.shape[0], ctx.chunk_size):
+            end = min(start + ctx.chunk_size, hidden.shape[0])
+            h = hidden[start:end]
+            z, _, p, _, _ = _chunk_stats(h, weight, targets[start:end], t)
+            # d logp_t / dz = onehot(t) - p ;  d H / dz = -p * (z - E_p[z])
+            grad_z = -p * grad_logp[start:end].unsqueeze(-1)
+            grad_z.scatter_add_(-1, targets[start:end].unsqueeze(-1), grad_logp[start:end].unsqueeze(-1))
+            if ctx.with_entropy and grad_entropy is not None and grad_entropy.numel():
+                mean_z = (p * z).sum(-1, keepdim=True)
+                grad_z -= grad_entropy[start:end].unsqueeze(-1) * p * (z - mean_z)
+            if t != 1.0:
+                grad_z = grad_z / t
+            grad_z = grad_z.to(h.dtype)
+            if need_h:
+                grad_hidden[start:end] = torch.matmul(grad_z, weight.to(h.dtype))
+            if need_w:
+                grad_weight += torch.matmul(grad_z.t(), h).to(acc_dtype)
+        if need_w:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def chunked_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(h Wᵀ / T)[target] (and the entropy) for hidden [..., H], targets [...].
+
+    Results are fp32 (fp64 for fp64 inputs) whatever the input dtype.
+
+    Differentiable in `hidden` and `weight`; peak extra memory is one [chunk_size, vocab] block.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    shape = targets.shape
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    flat_t = targets.reshape(-1).long()
+    logp, entropy = _ChunkedLogProb.apply(flat_h, weight, flat_t, float(temperature), int(chunk_size), with_entropy)
+    return logp.view(shape), (entropy.view(shape) if with_entropy else None)
+
+
+def full_logits_log_probs(hidden, weight, targets, temperature: float = 1.0, with_entropy: bool = False):
+    """The plain reference: materialise all logits (used by tests and the memory benchmark)."""
+    z = torch.matmul(hidden, weight.t())
+    z = (z.float() if z.dtype in (torch.bfloat16, torch.float16) else z) / temperature
+    logp_all = torch.log_softmax(z, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1).long()).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, entropy

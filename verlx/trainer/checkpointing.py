@@ -1,0 +1,119 @@
+"""Driver-side checkpoint directories: written under a temporary name, marked complete, then renamed.
+
+A crash or a full disk during a save leaves the previous `global_step_N` untouched, and `resume_mode=auto`
+only ever picks a directory that holds the COMPLETE marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+
+import torch
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+COMPLETE = "COMPLETE"
+LATEST = "latest_checkpointed_iteration.txt"
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"global_step_{step}")
+
+
+def temp_step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f".tmp-global_step_{step}-{os.getpid()}-{int(time.time())}")
+
+
+def required_files(use_critic: bool) -> list[str]:
+    files = [COMPLETE, "data.pt", "actor/dcp/.metadata", "actor/extra_rank0.pt"]
+    if use_critic:
+        files += ["critic/dcp/.metadata", "critic/extra_rank0.pt"]
+    return files
+
+
+def missing_files(path: str, use_critic: bool) -> list[str]:
+    return [f for f in required_files(use_critic) if not os.path.exists(os.path.join(path, f))]
+
+
+def complete_steps(root: str) -> list[int]:
+    if not os.path.isdir(root):
+        return []
+    steps = []
+    for name in os.listdir(root):
+        m = STEP_DIR.match(name)
+        if m and os.path.exists(os.path.join(root, name, COMPLETE)):
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def resolve_resume_path(trainer_cfg, use_critic: bool) -> str | None:
+    """The checkpoint to resume from, or None; an explicit path that is missing or incomplete is an error."""
+    root = os.path.expanduser(trainer_cfg.default_local_dir)
+    if trainer_cfg.resume_mode == "disable":
+        return None
+    if trainer_cfg.resume_mode == "auto":
+        steps = complete_steps(root)
+        return step_dir(root, steps[-1]) if steps else None
+    path = os.path.expanduser(trainer_cfg.resume_from_path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"trainer.resume_from_path={trainer_cfg.resume_from_path!r} does not exist")
+    missing = missing_files(path, use_critic)
+    if missing:
+        raise FileNotFoundError(
+            f"trainer.resume_from_path={path!r} is not a complete checkpoint; missing: {', '.join(missing)}"
+        )
+    return path
+
+
+def write_driver_state(tmp_dir: str, state: dict, config_dict: dict) -> None:
+    torch.save(state, os.path.join(tmp_dir, "data.pt"))
+    with open(os.path.join(tmp_dir, "config.json"), "w") as f:
+        json.dump(config_dict, f, indent=1, default=str)
+
+
+def read_driver_state(path: str) -> dict:
+    return torch.load(os.path.join(path, "data.pt"), weights_only=False)
+
+
+def finalize(tmp_dir: str, root: str, step: int, use_critic: bool) -> str:
+    """Check every file is there, mark complete, rename into place, update the latest pointer."""
+    with open(os.path.join(tmp_dir, COMPLETE), "w") as f:
+        f.write(f"{step}\n")
+    missing = missing_files(tmp_dir, use_critic)
+    if missing:
+        raise RuntimeError(f"checkpoint for step {step} is incomplete (missing {missing}); nothing was replaced")
+    final = step_dir(root, step)
+    if os.path.exists(final):
+        stale = final + f".old-{os.getpid()}"
+        os.rename(final, stale)
+        os.rename(tmp_dir, final)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.rename(tmp_dir, final)
+    latest_tmp = os.path.join(root, f".{LATEST}.tmp")
+    with open(latest_tmp, "w") as f:
+        f.write(str(step))
+    os.replace(latest_tmp, os.path.join(root, LATEST))
+    return final
+
+
+def prune(root: str, keep: int | None) -> list[int]:
+    """Delete the oldest complete checkpoints beyond `keep`; returns the removed steps."""
+    if not keep or keep <= 0:
+        return []
+    steps = complete_steps(root)
+    removed = steps[:-keep]
+    for s in removed:
+        shutil.rmtree(step_dir(root, s), ignore_errors=True)
+    return removed
+
+
+def remove_stale_temps(root: str) -> None:
+    """Temporary directories left by a crashed save are garbage: nothing ever reads them."""
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            if name.startswith(".tmp-global_step_"):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)

@@ -1,0 +1,54 @@
+"""Writing generations (prompt, response, score) as JSONL, for rollout_data_dir and validation_data_dir."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from verlx.protocol import DataProto
+
+
+def decode_texts(batch: DataProto, tokenizer) -> tuple[list[str], list[str]]:
+    """Prompt and response texts without padding or special tokens, in one batch_decode each."""
+    prompts = batch.batch["prompts"]
+    prompt_len = prompts.shape[1]
+    prompt_mask = batch.batch["attention_mask"][:, :prompt_len].bool()
+    response_mask = batch.batch["response_mask"].bool()
+    prompt_ids = [row[m].tolist() for row, m in zip(prompts, prompt_mask)]
+    response_ids = [row[m].tolist() for row, m in zip(batch.batch["responses"], response_mask)]
+    return (tokenizer.batch_decode(prompt_ids, skip_special_tokens=True),
+            tokenizer.batch_decode(response_ids, skip_special_tokens=True))
+
+
+def generation_records(batch: DataProto, tokenizer, scores: torch.Tensor) -> list[dict]:
+    prompts, responses = decode_texts(batch, tokenizer)
+    data_sources = batch.non_tensor_batch.get("data_source")
+    reward_models = batch.non_tensor_batch.get("reward_model")
+    records = []
+    for i, (p, r, s) in enumerate(zip(prompts, responses, scores.tolist())):
+        record = {"prompt": p, "response": r, "score": s}
+        if data_sources is not None:
+            record["data_source"] = str(data_sources[i])
+        if reward_models is not None and isinstance(reward_models[i], dict):
+            record["ground_truth"] = reward_models[i].get("ground_truth")
+        records.append(record)
+    return records
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    """Written under a temporary name and renamed, so a reader never sees half a file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def dump_generations(directory: str, step: int, batch: DataProto, tokenizer) -> str:
+    scores = batch.batch["token_level_scores"].sum(-1)
+    path = os.path.join(os.path.expanduser(directory), f"{step}.jsonl")
+    write_jsonl(path, generation_records(batch, tokenizer, scores))
+    return path

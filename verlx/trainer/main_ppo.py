@@ -1,0 +1,105 @@
+"""`python -m verlx.trainer.main_ppo key=value ...`: validate the config, build data and rewards, start Ray, train.
+
+Everything that can be wrong with the input is checked here, before Ray starts or any GPU time is spent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from verlx.config.loader import CONFIG_DIR, ConfigError, build, check_override_keys, to_container
+from verlx.config.schema import PPOConfig
+from verlx.config.validation import validate
+
+logger = logging.getLogger("verlx")
+
+
+def resolve_device(config: PPOConfig) -> bool:
+    """True when training on GPUs. A run asking for cuda on a machine without one falls back to CPU workers."""
+    import torch
+
+    if config.trainer.device == "cuda" and not torch.cuda.is_available():
+        logger.warning("trainer.device=cuda but no GPU is visible: running on CPU with %d worker processes per node "
+                       "(trainer.n_gpus_per_node)", config.trainer.n_gpus_per_node)
+        config.trainer.device = "cpu"
+    return config.trainer.device == "cuda"
+
+
+def prepare(config: PPOConfig):
+    """Checks and builds everything the driver needs; no Ray, no GPU."""
+    from verlx.data import build_dataloaders
+    from verlx.reward import build_reward_functions
+    from verlx.rollout.base import resolve_engine_name
+    from verlx.utils.tracking import check_loggers
+    from verlx.workers.tokenizer import load_tokenizer
+
+    use_gpu = resolve_device(config)
+    validate(config)
+    rollout = config.actor_rollout_ref.rollout
+    rollout.name = resolve_engine_name(rollout.name)
+    check_loggers(config.trainer.loggers)
+    model = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template)
+    train_loader, val_loader = build_dataloaders(config, tokenizer)
+    reward_fn, val_reward_fn = build_reward_functions(config, tokenizer)
+    return use_gpu, tokenizer, train_loader, val_loader, reward_fn, val_reward_fn
+
+
+def start_ray(config: PPOConfig, use_gpu: bool) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    init = config.ray_kwargs.ray_init
+    env = {"TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
+    kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
+    if init.address:
+        kwargs["address"] = init.address
+    else:
+        workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        kwargs["num_cpus"] = init.num_cpus or max(os.cpu_count() or 1, workers + 1)
+    ray.init(**kwargs)
+
+
+def run_ppo(config: PPOConfig) -> dict[str, float]:
+    from verlx.trainer.ppo_trainer import RayPPOTrainer
+
+    use_gpu, tokenizer, train_loader, val_loader, reward_fn, val_reward_fn = prepare(config)
+    start_ray(config, use_gpu)
+    trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, val_reward_fn, use_gpu)
+    try:
+        trainer.init_workers()
+        return trainer.fit()
+    finally:
+        trainer.shutdown()
+        for fn in {id(f): f for f in (reward_fn, val_reward_fn)}.values():
+            fn.close()
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)
+def _hydra_main(cfg: DictConfig) -> None:
+    try:
+        config = build(PPOConfig, to_container(cfg))
+        run_ppo(config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")])
+        _hydra_main()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""The driver loop: one PPO / GRPO step = generate, reward, log-probs, values, advantages, updates."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import uuid
+
+import numpy as np
+import torch
+
+from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline
+from verlx.algorithms.core import agg_loss, masked_mean
+from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
+from verlx.config.schema import PPOConfig
+from verlx.protocol import DataProto
+from verlx.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+)
+from verlx.trainer import checkpointing
+from verlx.trainer.generation_dump import dump_generations
+from verlx.trainer.metrics import compute_data_metrics
+from verlx.trainer.perf_metrics import compute_throughput_metrics, compute_timing_metrics, token_counts
+from verlx.trainer.validation import Validator
+from verlx.utils.seqlen_balancing import balance_batch
+from verlx.utils.timer import timed
+from verlx.utils.tracking import Tracking
+from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from verlx.workers.critic_worker import CriticWorker
+
+logger = logging.getLogger(__name__)
+GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
+LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+class RayPPOTrainer:
+    def __init__(self, config: PPOConfig, tokenizer, train_loader, val_loader, reward_fn, val_reward_fn,
+                 use_gpu: bool):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.use_gpu = use_gpu
+        self.use_critic = config.use_critic
+        self.use_reference = config.use_reference
+        self.world_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        self.kl_ctrl = make_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
+        self.global_step = 0
+        self.total_steps = self._total_steps()
+        config.trainer.total_training_steps = self.total_steps
+
+    def _total_steps(self) -> int:
+        t = self.config.trainer
+        per_epoch = len(self.train_loader)
+        if per_epoch == 0:
+            raise ValueError(
+                f"the training set yields no batch of data.train_batch_size={self.config.data.train_batch_size} "
+                f"prompts ({len(self.train_loader.dataset)} rows); lower the batch size or add data"
+            )
+        return t.total_training_steps or per_epoch * t.total_epochs
+
+    # ------------------------------------------------------------------ workers
+    def init_workers(self) -> None:
+        t = self.config.trainer
+        self.resource_pool = RayResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=self.use_gpu,
+                                             name_prefix="verlx")
+        roles = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=self.config,
+                                                           role="actor_rollout_ref" if self.use_reference
+                                                           else "actor_rollout")}
+        if self.use_critic:
+            roles["critic"] = RayClassWithInitArgs(CriticWorker, config=self.config)
+        self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
+        views = self.worker_group.spawn({"actor_rollout_ref": ActorRolloutRefWorker, "critic": CriticWorker}
+                                        if self.use_critic else {"actor_rollout_ref": ActorRolloutRefWorker})
+        for view in views.values():
+            view.set_timeouts(t.phase_timeout_s, **t.phase_timeouts)
+        self.actor_rollout_wg = views["actor_rollout_ref"]
+        self.critic_wg = views.get("critic")
+        if self.critic_wg is not None:
+            self.critic_wg.init_model()
+        self.actor_rollout_wg.init_model()
+
+    def shutdown(self) -> None:
+        if hasattr(self, "worker_group"):
+            self.worker_group.shutdown()
+            self.resource_pool.release()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> str:
+        t = self.config.trainer
+        root = os.path.abspath(os.path.expanduser(t.default_local_dir))
+        os.makedirs(root, exist_ok=True)
+        tmp = checkpointing.temp_step_dir(root, self.global_step)
+        self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"))
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"))
+        state = {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(),
+                 "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl else None}
+        checkpointing.write_driver_state(tmp, state, dataclasses.asdict(self.config))
+        final = checkpointing.finalize(tmp, root, self.global_step, self.use_critic)
+        checkpointing.prune(root, t.max_actor_ckpt_to_keep)
+        return final
+
+    def load_checkpoint(self) -> None:
+        t = self.config.trainer
+        root = os.path.abspath(os.path.expanduser(t.default_local_dir))
+        checkpointing.remove_stale_temps(root)
+        path = checkpointing.resolve_resume_path(t, self.use_critic)
+        if path is None:
+            return
+        missing = checkpointing.missing_files(path, self.use_critic)
+        if missing:
+            raise FileNotFoundError(f"checkpoint {path} is incomplete; missing: {', '.join(missing)}")
+        state = checkpointing.read_driver_state(path)
+        self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
+        self.train_loader.load_state_dict(state["dataloader"])
+        if self.kl_ctrl is not None and state.get("kl_ctrl"):
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.global_step = state["global_step"]
+        logger.info("resumed from %s at step %d", path, self.global_step)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, float]:
+        t = self.config.trainer
+        tracker = Tracking(t.loggers, t.project_name, t.experiment_name, dataclasses.asdict(self.config),
+                           os.path.expanduser(t.output_dir))
+        validator = Validator(self.config, self.actor_rollout_wg, self.val_reward_fn, self.tokenizer)
+        self.load_checkpoint()
+        last_metrics: dict[str, float] = {}
+        try:
+            if self.val_loader is not None and t.val_before_train and (self.global_step == 0 or t.val_only):
+                val_metrics = validator.run(self.val_loader)
+                tracker.log(val_metrics, step=self.global_step)
+                last_metrics.update(val_metrics)
+                if t.val_only:
+                    return last_metrics
+            progress = _progress_bar(self.total_steps, self.global_step, t.progress_bar)
+            while self.global_step < self.total_steps:
+                batch = self.train_loader.next_batch()
+                self.global_step += 1
+                metrics = self.train_step(batch)
+                last_step = self.global_step >= self.total_steps
+                if self.val_loader is not None and t.test_freq > 0 and (
+                        self.global_step % t.test_freq == 0 or last_step):
+                    with timed("testing", timing := {}):
+                        metrics.update(validator.run(self.val_loader))
+                    metrics.update(compute_timing_metrics(timing, {"response": 0, "all": 0, "prompt": 0}))
+                if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last_step):
+                    with timed("save_checkpoint", timing := {}):
+                        self.save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+                metrics["training/global_step"] = self.global_step
+                metrics["training/epoch"] = self.train_loader.epoch
+                tracker.log(metrics, step=self.global_step)
+                last_metrics = metrics
+                if progress is not None:
+                    progress.update(1)
+        finally:
+            tracker.finish()
+        return last_metrics
+
+    def train_step(self, batch: DataProto) -> dict[str, float]:
+        cfg = self.config
+        arr = cfg.actor_rollout_ref
+        metrics: dict[str, float] = {}
+        timing: dict[str, float] = {}
+        with timed("step", timing):
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            batch = batch.repeat(arr.rollout.n, interleave=True)
+            with timed("gen", timing):
+                gen_out = self._generate(batch.select(list(GEN_INPUTS), [], []), do_sample=True)
+            metrics.update({k: v for k, v in gen_out.meta_info.pop("timing", {}).items()})
+            if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
+                with timed("gen_max", timing):
+                    batch.batch["reward_baselines"] = self._greedy_baseline(batch)
+            batch.pop(batch_keys=list(GEN_INPUTS))
+            batch.union(gen_out)
+            if cfg.trainer.balance_batch:
+                metrics.update(balance_batch(batch, self.world_size))
+            with timed("reward", timing):
+                result = self.reward_fn(batch)
+                batch.batch["token_level_scores"] = result.token_level_scores
+                for key, values in result.extra.items():
+                    batch.non_tensor_batch[key] = np.asarray(values)
+                metrics.update(result.metrics)
+            with timed("old_log_prob", timing):
+                old = self.actor_rollout_wg.compute_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
+                entropy = agg_loss(old.batch["entropys"], batch.batch["response_mask"], arr.actor.loss_agg_mode)
+                metrics["actor/entropy"] = float(entropy)
+                batch.batch["old_log_probs"] = old.batch["old_log_probs"]
+            if "rollout_log_probs" in batch.batch:
+                metrics.update(_logprob_diff(batch))
+            if self.use_reference:
+                with timed("ref", timing):
+                    ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
+                    batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
+            if self.use_critic:
+                with timed("values", timing):
+                    batch.batch["values"] = self.critic_wg.compute_values(
+                        batch.select(list(LOG_PROB_INPUTS), [], [])).batch["values"]
+            with timed("adv", timing):
+                if self.kl_ctrl is not None:
+                    batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
+                    metrics.update(kl_metrics)
+                else:
+                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+                batch = compute_advantage(batch, cfg.algorithm)
+            if self.use_critic:
+                with timed("update_critic", timing):
+                    out = self.critic_wg.update_critic(batch.select(
+                        [*LOG_PROB_INPUTS, "values", "returns"], [], []))
+                    metrics.update(out.meta_info["metrics"])
+            if self.global_step > cfg.trainer.critic_warmup:
+                with timed("update_actor", timing):
+                    keys = [*LOG_PROB_INPUTS, "old_log_probs", "advantages"]
+                    if arr.actor.use_kl_loss:
+                        keys.append("ref_log_prob")
+                    out = self.actor_rollout_wg.update_actor(batch.select(keys, [], []))
+                    metrics.update(out.meta_info["metrics"])
+            if cfg.trainer.rollout_data_dir:
+                dump_generations(cfg.trainer.rollout_data_dir, self.global_step, batch, self.tokenizer)
+        counts = token_counts(batch)
+        metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics.update(compute_timing_metrics(timing, counts))
+        metrics.update(compute_throughput_metrics(timing, counts, self.world_size))
+        return metrics
+
+    def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:
+        gen_batch.meta_info.update({"do_sample": do_sample, "global_step": self.global_step,
+                                    "seed": self.config.actor_rollout_ref.rollout.seed + self.global_step})
+        return self.actor_rollout_wg.generate_sequences(gen_batch)
+
+    def _greedy_baseline(self, batch: DataProto) -> torch.Tensor:
+        """REMAX: the reward of one greedy response per prompt, the baseline of that prompt's sampled responses."""
+        n = self.config.actor_rollout_ref.rollout.n
+        prompts = batch[torch.arange(0, len(batch), n)]  # rows are interleaved: one row per prompt
+        gen_out = self._generate(prompts.select(list(GEN_INPUTS), [], []), do_sample=False)
+        gen_out.meta_info.pop("timing", None)
+        greedy = prompts.select(batch_keys=[], non_tensor_batch_keys=None, meta_info_keys=[])
+        greedy.union(gen_out)
+        return self.reward_fn(greedy).token_level_scores.sum(-1).repeat_interleave(n)
+
+
+def _logprob_diff(batch: DataProto) -> dict[str, float]:
+    mask = batch.batch["response_mask"].bool()
+    diff = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()
+    return {
+        "rollout/logprob_diff": float(masked_mean(diff, mask)),
+        "rollout/logprob_diff_max": float(diff[mask].max()) if mask.any() else 0.0,
+    }
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="training", unit="step", dynamic_ncols=True)

@@ -1,0 +1,77 @@
+"""Validation: generate with val_kwargs, score, and report veRL's val-core / val-aux metrics per data source."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import numpy as np
+
+from verlx.protocol import DataProto
+from verlx.trainer.generation_dump import generation_records, write_jsonl
+
+GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+class Validator:
+    def __init__(self, config, actor_rollout_wg, reward_fn, tokenizer):
+        self.config = config
+        self.wg = actor_rollout_wg
+        self.reward_fn = reward_fn
+        self.tokenizer = tokenizer
+        self.world_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        self.runs = 0
+
+    def run(self, loader) -> dict[str, float]:
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        n = val_kwargs.n
+        scores: list[np.ndarray] = []
+        sources: list[np.ndarray] = []
+        extras: dict[str, list[np.ndarray]] = defaultdict(list)
+        records: list[dict] = []
+        for batch in loader:
+            batch = batch.repeat(n, interleave=True)
+            gen_in, pad = batch.select(list(GEN_INPUTS), [], []).pad_to_divisor(self.world_size)
+            gen_in.meta_info.update({"validate": True, "do_sample": val_kwargs.do_sample,
+                                     "seed": self.config.actor_rollout_ref.rollout.seed})
+            out = self.wg.generate_sequences(gen_in).unpad(pad)
+            out.meta_info.pop("timing", None)
+            batch.pop(batch_keys=list(GEN_INPUTS))
+            batch.union(out)
+            result = self.reward_fn(batch)
+            seq_scores = result.token_level_scores.sum(-1)
+            scores.append(seq_scores.numpy())
+            sources.append(np.asarray(batch.non_tensor_batch.get("data_source", ["unknown"] * len(batch)), dtype=object))
+            for key, values in result.extra.items():
+                arr = np.asarray(values)
+                if arr.dtype.kind in "fiub":
+                    extras[key].append(arr.astype(float))
+            records += generation_records(batch, self.tokenizer, seq_scores)
+        self.runs += 1
+        self._show_and_dump(records)
+        return summarise(np.concatenate(scores), np.concatenate(sources), n,
+                         {k: np.concatenate(v) for k, v in extras.items()})
+
+    def _show_and_dump(self, records: list[dict]) -> None:
+        t = self.config.trainer
+        for record in records[: t.log_val_generations]:
+            print(f"[validation] {record['prompt']!r} -> {record['response']!r} score={record['score']}")
+        if t.validation_data_dir:
+            write_jsonl(os.path.join(os.path.expanduser(t.validation_data_dir), f"val_{self.runs}.jsonl"), records)
+
+
+def summarise(scores: np.ndarray, sources: np.ndarray, n: int, extras: dict[str, np.ndarray]) -> dict[str, float]:
+    """Rows come in groups of n (one prompt each). mean@n over all samples; best@n / worst@n over groups."""
+    metrics: dict[str, float] = {}
+    series = {"reward": scores, **extras}
+    for source in sorted(set(sources.tolist())):
+        rows = np.nonzero(sources == source)[0]
+        for name, values in series.items():
+            v = values[rows]
+            metrics[f"val-core/{source}/{name}/mean@{n}" if name == "reward" else
+                    f"val-aux/{source}/{name}/mean@{n}"] = float(v.mean())
+            if n > 1:
+                groups = v.reshape(-1, n)
+                metrics[f"val-aux/{source}/{name}/best@{n}/mean"] = float(groups.max(1).mean())
+                metrics[f"val-aux/{source}/{name}/worst@{n}/mean"] = float(groups.min(1).mean())
+    return metrics

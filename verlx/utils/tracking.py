@@ -1,0 +1,191 @@
+"""Metric loggers selected by `trainer.logger`: console, file (JSONL), tensorboard, wandb, mlflow."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from verlx.utils.registry import Registry
+
+LOGGERS: Registry[type["MetricLogger"]] = Registry("logger", "trainer.logger")
+
+# What the console shows each step, in order: (metric key, short label, format).
+CONSOLE_COLUMNS = (
+    ("critic/score/mean", "score", "{:.3f}"),
+    ("val-core/*", "val", "{:.3f}"),
+    ("response_length/mean", "resp_len", "{:.1f}"),
+    ("actor/pg_loss", "pg_loss", "{:+.4f}"),
+    ("actor/entropy", "entropy", "{:.3f}"),
+    ("actor/ppo_kl", "ppo_kl", "{:+.4f}"),
+    ("actor/kl_loss", "kl_loss", "{:.4f}"),
+    ("critic/vf_loss", "vf_loss", "{:.4f}"),
+    ("reward/errors", "rew_err", "{:.0f}"),
+    ("timing_s/gen", "gen_s", "{:.1f}"),
+    ("timing_s/step", "step_s", "{:.1f}"),
+)
+
+
+class MetricLogger:
+    requires: str | None = None
+    install: str = ""
+
+    def __init__(self, project: str, experiment: str, config: dict, output_dir: str):
+        self.project, self.experiment, self.config, self.output_dir = project, experiment, config, output_dir
+
+    @classmethod
+    def check_available(cls) -> None:
+        if cls.requires and importlib.util.find_spec(cls.requires) is None:
+            raise RuntimeError(f"trainer.logger includes a logger that needs '{cls.requires}', which is not "
+                               f"installed: {cls.install}")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+
+def _format(value: Any, fmt: str) -> str:
+    try:
+        return fmt.format(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@LOGGERS.register("console")
+class ConsoleLogger(MetricLogger):
+    """One compact line per step (a header every 20 lines); printed through tqdm so a progress bar stays intact."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.lines = 0
+
+    def log(self, metrics, step):
+        columns = []
+        for key, label, fmt in CONSOLE_COLUMNS:
+            if key.endswith("*"):
+                matches = sorted(k for k in metrics if k.startswith(key[:-1]) and "/reward/mean@" in k)
+                columns += [(f"{label}:{k.split('/')[1]}", _format(metrics[k], fmt)) for k in matches]
+            elif key in metrics:
+                columns.append((label, _format(metrics[key], fmt)))
+        if not columns:
+            return
+        widths = [max(len(label), len(value)) for label, value in columns]
+        write = _tqdm_write()
+        if self.lines % 20 == 0:
+            write("step  " + "  ".join(label.rjust(w) for (label, _), w in zip(columns, widths)))
+        write(f"{step:<4}  " + "  ".join(value.rjust(w) for (_, value), w in zip(columns, widths)))
+        self.lines += 1
+
+
+def _tqdm_write():
+    try:
+        from tqdm import tqdm
+
+        return lambda line: tqdm.write(line, file=sys.stdout)
+    except ImportError:
+        return print
+
+
+@LOGGERS.register("file")
+class JsonlLogger(MetricLogger):
+    """output_dir/metrics.jsonl: one JSON object per step, flushed at once (a crash loses nothing logged)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        os.makedirs(self.output_dir, exist_ok=True)
+        self.path = os.path.join(self.output_dir, "metrics.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+
+    def log(self, metrics, step):
+        row = {"step": step}
+        row.update({k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()})
+        self._file.write(json.dumps(row, default=float) + "\n")
+        self._file.flush()
+
+    def finish(self):
+        self._file.close()
+
+
+@LOGGERS.register("tensorboard")
+class TensorboardLogger(MetricLogger):
+    requires = "tensorboard"
+    install = "pip install tensorboard"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(os.path.join(self.output_dir, "tensorboard"))
+
+    def log(self, metrics, step):
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)):
+                self.writer.add_scalar(k, v, step)
+
+    def finish(self):
+        self.writer.close()
+
+
+@LOGGERS.register("wandb")
+class WandbLogger(MetricLogger):
+    requires = "wandb"
+    install = "pip install 'verlx[wandb]'"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        import wandb
+
+        self.run = wandb.init(project=self.project, name=self.experiment, config=self.config)
+
+    def log(self, metrics, step):
+        self.run.log(metrics, step=step)
+
+    def finish(self):
+        self.run.finish()
+
+
+@LOGGERS.register("mlflow")
+class MlflowLogger(MetricLogger):
+    requires = "mlflow"
+    install = "pip install 'verlx[mlflow]'"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_experiment(self.project)
+        mlflow.start_run(run_name=self.experiment)
+
+    def log(self, metrics, step):
+        clean = {k.replace("@", "_at_"): v for k, v in metrics.items() if isinstance(v, (int, float))}
+        self.mlflow.log_metrics(clean, step=step)
+
+    def finish(self):
+        self.mlflow.end_run()
+
+
+def check_loggers(names: list[str]) -> None:
+    for name in names:
+        LOGGERS.get(name).check_available()
+
+
+class Tracking:
+    """Fans each step's metrics out to every chosen logger."""
+
+    def __init__(self, names: list[str], project: str, experiment: str, config: dict, output_dir: str):
+        check_loggers(names)
+        self.loggers = [LOGGERS.get(n)(project, experiment, config, output_dir) for n in names]
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for logger in self.loggers:
+            logger.log(metrics, step)
+
+    def finish(self) -> None:
+        for logger in self.loggers:
+            logger.finish()

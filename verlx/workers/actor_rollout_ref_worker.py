@@ -1,0 +1,201 @@
+"""ActorRolloutRefWorker: the policy's training shards, its reference and its rollout engine in one process."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from verlx.config.schema import PPOConfig
+from verlx.protocol import DataProto
+from verlx.rollout.base import RolloutContext, get_engine_class
+from verlx.rollout.weight_sync import iter_buckets, iter_engine_weights
+from verlx.single_controller import Dispatch, Worker, register
+from verlx.utils.distributed import init_distributed
+from verlx.utils.seeding import seed_everything
+from verlx.workers.actor import PPOActor
+from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
+from verlx.workers.fsdp.model_builder import (
+    apply_fsdp2,
+    build_lr_scheduler,
+    build_optimizer,
+    expand_path,
+    load_hf_config,
+    load_policy,
+    torch_dtype,
+)
+from verlx.workers.fsdp.weights import iter_full_params
+from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
+
+logger = logging.getLogger(__name__)
+ROLES = ("actor", "rollout", "ref")
+
+
+class ActorRolloutRefWorker(Worker):
+    """`role` is any '_'-joined combination of actor, rollout and ref (e.g. actor_rollout_ref, ref)."""
+
+    def __init__(self, config: PPOConfig, role: str = "actor_rollout_ref"):
+        super().__init__()
+        parts = set(role.split("_"))
+        unknown = parts - set(ROLES)
+        if unknown or not parts:
+            raise ValueError(f"role {role!r}: parts must be among {ROLES}, got unknown {sorted(unknown)}")
+        self.config = config
+        self.role = role
+        self.is_actor, self.is_rollout, self.is_ref = ("actor" in parts, "rollout" in parts, "ref" in parts)
+        self.actor = self.ref = self.engine = None
+        self.engine_weights_stale = True
+
+    # ------------------------------------------------------------------ set-up
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict:
+        cfg = self.config
+        arr = cfg.actor_rollout_ref
+        init_distributed(timeout_s=arr.nccl_timeout)
+        seed_everything(cfg.trainer.seed + self.rank)
+        model_path = expand_path(arr.model.path)
+        self.tokenizer = load_tokenizer(arr.model.tokenizer_path or model_path, arr.model.trust_remote_code,
+                                        arr.model.custom_chat_template)
+        self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
+        on_gpu = self.device.type == "cuda"
+        if self.is_actor:
+            fsdp = arr.actor.fsdp_config
+            module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype))
+            apply_fsdp2(module, self.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
+                        cpu_offload=fsdp.offload_policy and on_gpu)
+            optimizer = build_optimizer(module.parameters(), arr.actor.optim)
+            self.lr_scheduler = build_lr_scheduler(optimizer, arr.actor.optim, cfg.trainer.total_training_steps or 1)
+            self.actor = PPOActor(arr.actor, module, optimizer, self.device,
+                                  cfg.trainer.max_consecutive_nonfinite_updates)
+            self.checkpoint = FSDPCheckpointManager(module, optimizer, self.lr_scheduler, self.tokenizer,
+                                                    self.hf_config, strip_prefix="hf_model.")
+        if self.is_ref:
+            ref_fsdp = arr.ref.fsdp_config
+            ref_model_cfg = type(arr.model)(**{**arr.model.__dict__, "enable_gradient_checkpointing": False})
+            ref_module = load_policy(model_path, ref_model_cfg, torch_dtype(ref_fsdp.model_dtype))
+            ref_module.requires_grad_(False)
+            apply_fsdp2(ref_module, self.device, torch_dtype(ref_fsdp.dtype), ref_fsdp.reshard_after_forward)
+            self.ref = PPOActor(arr.actor, ref_module, None, self.device)
+        if self.is_rollout:
+            self._init_engine(model_path)
+        return {"rank": self.rank, "device": str(self.device)}
+
+    def _init_engine(self, model_path: str) -> None:
+        rollout = self.config.actor_rollout_ref.rollout
+        tp = rollout.tensor_model_parallel_size
+        engine_cls = get_engine_class(rollout.name)
+        self.engine_name = rollout.name
+        ctx = RolloutContext(
+            config=rollout,
+            model_path=model_path,
+            hf_config=self.hf_config,
+            device=self.device,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_ids=stop_token_ids(self.tokenizer, model_path),
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            tp_size=tp,
+            trust_remote_code=self.config.actor_rollout_ref.model.trust_remote_code,
+        )
+        self.set_dispatch_info("rollout", ctx.dp_rank, ctx.dp_size, ctx.tp_rank == 0)
+        self.engine = engine_cls(ctx)
+        self.engine_ctx = ctx
+        if rollout.free_cache_engine:
+            self.engine.sleep()
+            self.engine_asleep = True
+        else:
+            self.engine_asleep = False
+
+    # ------------------------------------------------------------------ rollout
+    def _push_weights(self) -> float:
+        """Stream the actor's full weights into the engine, bucket by bucket; returns seconds taken."""
+        start = time.perf_counter()
+        rollout = self.config.actor_rollout_ref.rollout
+        dtype = torch_dtype(rollout.dtype) if self.device.type == "cuda" else torch.float32
+        tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        named = iter_engine_weights(iter_full_params(self.actor.module, dtype, self.device, "hf_model."), None, tied)
+        bucket_bytes = rollout.update_weights_bucket_megabytes << 20
+        for bucket in iter_buckets(named, bucket_bytes):
+            self.engine.update_weights(bucket)
+        self.engine_weights_stale = False
+        return time.perf_counter() - start
+
+    @register(Dispatch.DP_COMPUTE_PROTO, mesh="rollout")
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        if self.engine is None:
+            raise RuntimeError(f"role {self.role} has no rollout engine")
+        timing = {}
+        start = time.perf_counter()
+        if self.engine_asleep:
+            self.engine.wake_up(("weights",))
+        if self.engine_weights_stale:
+            if not self.is_actor:
+                raise RuntimeError("the rollout engine needs weights from an actor in the same worker")
+            timing["timing_s/update_weights"] = self._push_weights()
+        if self.engine_asleep:
+            self.engine.wake_up(("kv_cache",))
+        gen_start = time.perf_counter()
+        out = self.engine.generate(prompts)
+        timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
+        if self.config.actor_rollout_ref.rollout.free_cache_engine:
+            self.engine.sleep()
+            self.engine_asleep = True
+        timing["timing_s/rollout_worker"] = time.perf_counter() - start
+        out.meta_info["timing"] = timing
+        return out
+
+    # ------------------------------------------------------------------ log-probs
+    def _log_prob_batching(self, use_ref: bool):
+        arr = self.config.actor_rollout_ref
+        src = arr.ref if use_ref else arr.rollout
+        micro = src.log_prob_micro_batch_size_per_gpu
+        if micro is None and src.log_prob_micro_batch_size is not None:
+            micro = max(1, src.log_prob_micro_batch_size // self.world_size)
+        return micro, src.log_prob_use_dynamic_bsz, src.log_prob_max_token_len_per_gpu
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        micro, dynamic, max_tokens = self._log_prob_batching(use_ref=False)
+        data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
+        log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
+        return DataProto({"old_log_probs": log_prob.cpu(), "entropys": entropy.cpu()})
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        if self.ref is None:
+            raise RuntimeError(f"role {self.role} has no reference model")
+        micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
+        data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
+        log_prob, _ = self.ref.compute_log_prob(data, micro, dynamic, max_tokens)
+        return DataProto({"ref_log_prob": log_prob.cpu()})
+
+    # ------------------------------------------------------------------ training
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        arr = self.config.actor_rollout_ref
+        actor_cfg = arr.actor
+        dp = self.world_size // actor_cfg.ulysses_sequence_parallel_size
+        mini = actor_cfg.ppo_mini_batch_size * arr.rollout.n // dp
+        micro = actor_cfg.ppo_micro_batch_size_per_gpu
+        if micro is None and actor_cfg.ppo_micro_batch_size is not None:
+            micro = max(1, actor_cfg.ppo_micro_batch_size // dp)
+        data.meta_info.setdefault("temperature", arr.rollout.temperature)
+        start = time.perf_counter()
+        metrics = self.actor.update_policy(data, mini, micro)
+        metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
+        self.engine_weights_stale = True
+        return DataProto(meta_info={"metrics": metrics})
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.checkpoint.save(path)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.checkpoint.load(path)
+        self.engine_weights_stale = True

@@ -1,0 +1,79 @@
+"""CriticWorker: the value model's FSDP shards, for GAE."""
+
+from __future__ import annotations
+
+import time
+
+from verlx.config.schema import PPOConfig
+from verlx.protocol import DataProto
+from verlx.single_controller import Dispatch, Worker, register
+from verlx.utils.distributed import init_distributed
+from verlx.utils.seeding import seed_everything
+from verlx.workers.critic import PPOCritic
+from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
+from verlx.workers.fsdp.model_builder import (
+    apply_fsdp2,
+    build_lr_scheduler,
+    build_optimizer,
+    expand_path,
+    load_value_model,
+    torch_dtype,
+)
+
+
+class CriticWorker(Worker):
+    def __init__(self, config: PPOConfig):
+        super().__init__()
+        self.config = config
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        critic = cfg.critic
+        init_distributed(timeout_s=cfg.actor_rollout_ref.nccl_timeout)
+        seed_everything(cfg.trainer.seed + 1000 + self.rank)
+        path = expand_path(critic.model.path or cfg.actor_rollout_ref.model.path)
+        fsdp = critic.model.fsdp_config
+        module = load_value_model(path, critic.model, torch_dtype(fsdp.model_dtype))
+        apply_fsdp2(module, self.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
+                    cpu_offload=fsdp.offload_policy and self.device.type == "cuda")
+        optimizer = build_optimizer(module.parameters(), critic.optim)
+        self.lr_scheduler = build_lr_scheduler(optimizer, critic.optim, cfg.trainer.total_training_steps or 1)
+        self.critic = PPOCritic(critic, module, optimizer, self.device, cfg.trainer.max_consecutive_nonfinite_updates)
+        self.checkpoint = FSDPCheckpointManager(module, optimizer, self.lr_scheduler)
+
+    def _dp(self) -> int:
+        return self.world_size // self.config.critic.ulysses_sequence_parallel_size
+
+    def _micro(self, per_gpu: int | None, global_size: int | None) -> int | None:
+        if per_gpu is not None:
+            return per_gpu
+        return max(1, global_size // self._dp()) if global_size is not None else None
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        c = self.config.critic
+        micro = self._micro(c.forward_micro_batch_size_per_gpu, c.forward_micro_batch_size) or self._micro(
+            c.ppo_micro_batch_size_per_gpu, c.ppo_micro_batch_size)
+        values = self.critic.compute_values(data, micro)
+        return DataProto({"values": values.cpu()})
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        c = self.config.critic
+        mini = c.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // self._dp()
+        micro = self._micro(c.ppo_micro_batch_size_per_gpu, c.ppo_micro_batch_size)
+        start = time.perf_counter()
+        metrics = self.critic.update_critic(data, mini, micro)
+        metrics["critic/lr"] = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        metrics["timing_s/update_critic_worker"] = time.perf_counter() - start
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.checkpoint.save(path)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.checkpoint.load(path)

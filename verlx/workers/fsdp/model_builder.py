@@ -1,0 +1,155 @@
+"""Loading HF models for training and sharding them with FSDP2 (`fully_shard`)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from verlx.models.policy import PolicyModel, ValueModel, decoder_layers
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+    "float32": torch.float32, "fp32": torch.float32,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def expand_path(path: str) -> str:
+    return os.path.expanduser(os.path.expandvars(path))
+
+
+def import_external_lib(name: str | None) -> None:
+    if name:
+        importlib.import_module(name)
+
+
+def load_hf_config(path: str, trust_remote_code: bool, override_config: dict):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(expand_path(path), trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise RuntimeError(f"could not load the model config from {path!r}: {e}") from e
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa") -> PolicyModel:
+    """The HF causal LM in `master_dtype`, wrapped for chunked log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    import_external_lib(model_cfg.external_lib)
+    config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            expand_path(path),
+            config=config,
+            dtype=master_dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            attn_implementation=attn_implementation,
+        )
+    except Exception as e:
+        raise RuntimeError(f"could not load the model from {path!r} (actor_rollout_ref.model.path): {e}") from e
+    if model_cfg.enable_gradient_checkpointing:
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return PolicyModel(hf_model)
+
+
+def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa") -> ValueModel:
+    """The HF decoder of the checkpoint (no lm_head) plus a zero-initialised value head."""
+    from transformers import AutoModel
+
+    import_external_lib(model_cfg.external_lib)
+    config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
+    try:
+        decoder = AutoModel.from_pretrained(
+            expand_path(path),
+            config=config,
+            dtype=master_dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            attn_implementation=attn_implementation,
+        )
+    except Exception as e:
+        raise RuntimeError(f"could not load the critic from {path!r} (critic.model.path): {e}") from e
+    if model_cfg.enable_gradient_checkpointing:
+        decoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = ValueModel(decoder, config.hidden_size)
+    model.value_head.to(master_dtype)
+    return model
+
+
+def apply_fsdp2(
+    model: nn.Module,
+    device: torch.device,
+    param_dtype: torch.dtype,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+    mesh=None,
+) -> nn.Module:
+    """Shard every decoder layer and then the root; mixed precision on GPU (fp32 grads reduce)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    model.to(device)
+    if not dist.is_initialized():
+        return model
+    kwargs = {"reshard_after_forward": reshard_after_forward}
+    if mesh is not None:
+        kwargs["mesh"] = mesh
+    if device.type == "cuda":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    inner = model.hf_model if isinstance(model, PolicyModel) else model.decoder
+    for layer in decoder_layers(inner):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def build_optimizer(params, optim_cfg, grad_clip_alias: float | None = None) -> torch.optim.Optimizer:
+    params = [p for p in params if p.requires_grad]
+    return torch.optim.AdamW(
+        params,
+        lr=optim_cfg.lr,
+        betas=tuple(optim_cfg.betas),
+        weight_decay=optim_cfg.weight_decay,
+        foreach=True,
+    )
+
+
+def build_lr_scheduler(optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then constant or cosine down to min_lr_ratio."""
+    import math
+
+    total = optim_cfg.total_training_steps if optim_cfg.total_training_steps > 0 else total_steps
+    warmup = optim_cfg.lr_warmup_steps
+    if warmup < 0:
+        warmup = int(optim_cfg.lr_warmup_steps_ratio * total)
+    kind = optim_cfg.warmup_style or optim_cfg.lr_scheduler_type
+    min_ratio, cycles = optim_cfg.min_lr_ratio, optim_cfg.num_cycles
+
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * cycles * progress))
+        return min_ratio + (1.0 - min_ratio) * cosine
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,96 @@
+"""Splitting a rank's samples into micro-batches: by count, or by token budget with equal counts on every rank.
+
+FSDP runs collectives inside every forward, so all data-parallel ranks must run the same number of
+micro-batches; the token-budget split therefore agrees on the count across the group first (small CPU
+tensors: the process group has a gloo backend for CPU, see utils/distributed.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+import torch.distributed as dist
+
+from verlx.protocol import DataProto
+
+
+def sequence_lengths(data: DataProto) -> torch.Tensor:
+    return data.batch["attention_mask"].sum(-1)
+
+
+def balanced_partition(lengths: list[int], k: int) -> list[list[int]]:
+    """Longest-processing-time greedy: k groups of indices with nearly equal length sums, each non-empty."""
+    if k > len(lengths):
+        raise ValueError(f"cannot make {k} non-empty groups from {len(lengths)} items")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    heap = [(0, g) for g in range(k)]
+    groups: list[list[int]] = [[] for _ in range(k)]
+    for i in order:
+        total, g = heapq.heappop(heap)
+        groups[g].append(i)
+        heapq.heappush(heap, (total + lengths[i], g))
+    return [sorted(g) for g in groups]
+
+
+def token_budget_micro_batches(
+    data: DataProto, max_token_len: int, group: dist.ProcessGroup | None = None, key: str = ""
+) -> tuple[list[DataProto], torch.Tensor]:
+    """Micro-batches whose real-token sums fit `max_token_len`, the same count on every rank of `group`.
+
+    Returns the micro-batches and the permutation that was applied (outputs concatenated in micro-batch order
+    are put back in the original order with `restore_order`).
+    """
+    lengths = sequence_lengths(data).tolist()
+    longest = max(lengths)
+    if longest > max_token_len:
+        raise ValueError(
+            f"{key or 'max_token_len_per_gpu'}={max_token_len} is smaller than the longest sequence "
+            f"({longest} tokens: prompt + response); raise it to at least {longest}"
+        )
+    k = -(-sum(lengths) // max_token_len)
+    while True:
+        k = _agree_on_max(k, group)
+        k = min(max(k, 1), len(lengths))
+        groups = balanced_partition(lengths, k)
+        fits = all(sum(lengths[i] for i in g) <= max_token_len for g in groups)
+        if _all_ranks_true(fits, group) or k == len(lengths):
+            break
+        k += 1
+    order = torch.tensor([i for g in groups for i in g])
+    parts = [data[torch.tensor(g)] for g in groups]
+    return parts, order
+
+
+def restore_order(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Undo the permutation `order` applied along dim 0."""
+    out = torch.empty_like(values)
+    out[order] = values
+    return out
+
+
+def _agree_on_max(value: int, group) -> int:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
+def _all_ranks_true(flag: bool, group) -> bool:
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([0 if flag else 1], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return int(t.item()) == 0
+
+
+def micro_batches(
+    data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int, group=None, key=""
+) -> tuple[list[DataProto], torch.Tensor | None]:
+    """Fixed-size or token-budget micro-batches; the permutation is None when order is kept."""
+    if use_dynamic_bsz:
+        return token_budget_micro_batches(data, max_token_len, group, key)
+    if not micro_batch_size or micro_batch_size <= 0:
+        raise ValueError(f"micro-batch size must be positive (got {micro_batch_size}) when use_dynamic_bsz is false")
+    return data.split(micro_batch_size), None

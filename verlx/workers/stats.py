@@ -1,0 +1,69 @@
+"""Metric bookkeeping inside workers: accumulate on device, one host sync and one all-reduce per call."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+
+def global_counts(response_mask: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
+    """Token and sequence counts of a mini-batch, for loss aggregation that is exact across micro-batches.
+
+    num_tokens / num_seqs are the totals over all data-parallel ranks divided by the number of ranks: the sharding
+    backend averages gradients over ranks, so each rank normalises by its average share.
+    """
+    local = torch.stack([response_mask.sum(), (response_mask.sum(-1) > 0).sum()]).double().to(device)
+    total = local.clone()
+    world = 1
+    if dist.is_initialized():
+        dist.all_reduce(total)
+        world = dist.get_world_size()
+    return {
+        "num_tokens": (total[0] / world).clamp(min=1).float(),
+        "num_seqs": (total[1] / world).clamp(min=1).float(),
+        "rank_tokens": local[0].clamp(min=1).float(),
+    }
+
+
+class MetricAccumulator:
+    """Per-step sums (one step = one optimizer step), averaged over steps and over ranks at the end."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._current: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=device))
+        self._steps: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self._counts: dict[str, int] = defaultdict(int)
+        self._constants: dict[str, float] = {}
+
+    def add_sum(self, name: str, value: torch.Tensor) -> None:
+        self._current[name] = self._current[name] + value.float()
+
+    def add_mean(self, name: str, value: torch.Tensor) -> None:
+        self._steps[name].append(value.float().reshape(()))
+
+    def add_count(self, name: str) -> None:
+        self._counts[name] += 1
+
+    def set(self, name: str, value: float) -> None:
+        self._constants[name] = float(value)
+
+    def end_step(self) -> None:
+        for name, value in self._current.items():
+            self._steps[name].append(value)
+        self._current.clear()
+
+    def reduce(self) -> dict[str, float]:
+        """Mean over steps, then mean over ranks (every rank must call this: it is collective)."""
+        self.end_step()
+        names = sorted(self._steps)
+        out: dict[str, float] = dict(self._constants)
+        if names:
+            values = torch.stack([torch.stack(self._steps[n]).mean() for n in names]).double()
+            if dist.is_initialized():
+                dist.all_reduce(values)
+                values /= dist.get_world_size()
+            out.update(dict(zip(names, values.tolist())))
+        out.update({name: float(count) for name, count in self._counts.items()})
+        return out
