@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     written = {}
     for split, pairs in (("train", train), ("test", test)):
         rows = [to_row(a, b, split, i) for i, (a, b) in enumerate(pairs)]
-        written[split] = write_parquet_atomic(rows, os.path.join(os.path.expanduser(args.local_save_dir), f"{split}.parquet"))
+        written[split] = write_parquet_atomic(
+            rows, os.path.join(os.path.expanduser(args.local_save_dir), f"{split}.parquet")
+        )
         print(f"{split}: {len(rows)} rows -> {written[split]}")
     return written
 

@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     written = {}
     for split, (examples, origin) in sources.items():
         rows = [to_row(ex, split, i, f"{origin} row {i}") for i, ex in enumerate(examples)]
-        written[split] = write_parquet_atomic(rows, os.path.join(os.path.expanduser(args.local_save_dir), f"{split}.parquet"))
+        written[split] = write_parquet_atomic(
+            rows, os.path.join(os.path.expanduser(args.local_save_dir), f"{split}.parquet")
+        )
         print(f"{split}: {len(rows)} rows -> {written[split]}")
     return written
 

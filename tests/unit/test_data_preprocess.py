@@ -18,7 +18,9 @@ needs_gsm8k = pytest.mark.skipif(not os.path.isdir(GSM8K_DIR), reason=f"GSM8K co
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"preprocess_{name}", os.path.join(REPO, "examples", "data_preprocess", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(
+        f"preprocess_{name}", os.path.join(REPO, "examples", "data_preprocess", f"{name}.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -41,7 +43,12 @@ def test_gsm8k_row_counts_and_schema(gsm8k_parquet):
     row = splits["test"][0]
     assert row == {
         "data_source": "openai/gsm8k",
-        "prompt": [{"role": "user", "content": first["question"] + ' Let\'s think step by step and output the final answer after "####".'}],
+        "prompt": [
+            {
+                "role": "user",
+                "content": first["question"] + ' Let\'s think step by step and output the final answer after "####".',
+            }
+        ],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": "18"},
         "extra_info": {"split": "test", "index": 0, "answer": first["answer"], "question": first["question"]},
@@ -53,20 +60,30 @@ def test_gsm8k_row_counts_and_schema(gsm8k_parquet):
 @needs_gsm8k
 def test_gsm8k_commas_are_removed_from_ground_truth(gsm8k_parquet):
     splits, _ = gsm8k_parquet
-    with_commas = [r for r in splits["train"] + splits["test"] if "#### " in r["extra_info"]["answer"]
-                   and "," in r["extra_info"]["answer"].rsplit("#### ", 1)[1]]
+    with_commas = [
+        r
+        for r in splits["train"] + splits["test"]
+        if "#### " in r["extra_info"]["answer"] and "," in r["extra_info"]["answer"].rsplit("#### ", 1)[1]
+    ]
     assert with_commas, "GSM8K has answers like '#### 1,600'"
     for r in with_commas:
-        assert r["reward_model"]["ground_truth"] == r["extra_info"]["answer"].rsplit("#### ", 1)[1].strip().replace(",", "")
+        assert r["reward_model"]["ground_truth"] == r["extra_info"]["answer"].rsplit("#### ", 1)[1].strip().replace(
+            ",", ""
+        )
 
 
 @needs_gsm8k
 def test_every_gsm8k_ground_truth_scores_one_against_its_own_solution(gsm8k_parquet):
     splits, _ = gsm8k_parquet
     rows = splits["train"] + splits["test"]
-    scores = [compute_score(r["extra_info"]["answer"], r["reward_model"]["ground_truth"], method="strict") for r in rows]
+    scores = [
+        compute_score(r["extra_info"]["answer"], r["reward_model"]["ground_truth"], method="strict") for r in rows
+    ]
     assert sum(scores) == len(rows) == 8792
-    assert default_compute_score("openai/gsm8k", rows[0]["extra_info"]["answer"], rows[0]["reward_model"]["ground_truth"]) == 1.0
+    assert (
+        default_compute_score("openai/gsm8k", rows[0]["extra_info"]["answer"], rows[0]["reward_model"]["ground_truth"])
+        == 1.0
+    )
     # and a different sample's answer does not match (the scorer is not trivially 1)
     assert compute_score(rows[0]["extra_info"]["answer"], rows[1]["reward_model"]["ground_truth"]) == 0.0
 
@@ -74,7 +91,9 @@ def test_every_gsm8k_ground_truth_scores_one_against_its_own_solution(gsm8k_parq
 @needs_gsm8k
 def test_gsm8k_single_file_and_parquet_input(tmp_path):
     script = load_script("gsm8k")
-    written = script.main(["--local_dataset_path", os.path.join(GSM8K_DIR, "test.jsonl"), "--local_save_dir", str(tmp_path / "a")])
+    written = script.main(
+        ["--local_dataset_path", os.path.join(GSM8K_DIR, "test.jsonl"), "--local_save_dir", str(tmp_path / "a")]
+    )
     assert list(written) == ["test"] and pq.read_metadata(written["test"]).num_rows == 1319
     # the hub's parquet layout (main/test-00000-of-00001.parquet) as input
     hub_dir = tmp_path / "hub" / "main"
@@ -102,9 +121,15 @@ def test_gsm8k_bad_inputs_are_named(tmp_path):
 
 def test_arithmetic_splits_are_disjoint_deterministic_and_scored_like_gsm8k(tmp_path):
     script = load_script("arithmetic")
-    a = script.main(["--local_save_dir", str(tmp_path / "a"), "--max_operand", "20", "--test_size", "41", "--seed", "3"])
-    b = script.main(["--local_save_dir", str(tmp_path / "b"), "--max_operand", "20", "--test_size", "41", "--seed", "3"])
-    c = script.main(["--local_save_dir", str(tmp_path / "c"), "--max_operand", "20", "--test_size", "41", "--seed", "4"])
+    a = script.main(
+        ["--local_save_dir", str(tmp_path / "a"), "--max_operand", "20", "--test_size", "41", "--seed", "3"]
+    )
+    b = script.main(
+        ["--local_save_dir", str(tmp_path / "b"), "--max_operand", "20", "--test_size", "41", "--seed", "3"]
+    )
+    c = script.main(
+        ["--local_save_dir", str(tmp_path / "c"), "--max_operand", "20", "--test_size", "41", "--seed", "4"]
+    )
     train, test = (pq.read_table(a[s]).to_pylist() for s in ("train", "test"))
     # 21 * 21 = 441 pairs: 41 test, the other 400 train
     assert (len(train), len(test)) == (400, 41)
@@ -122,13 +147,20 @@ def test_arithmetic_splits_are_disjoint_deterministic_and_scored_like_gsm8k(tmp_
         "reward_model": {"style": "rule", "ground_truth": str(x + y)},
         "extra_info": {"split": "test", "index": 0, "answer": f"#### {x + y}", "question": f"{x}+{y}=?"},
     }
-    assert all(default_compute_score("arithmetic", r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) == 1.0 for r in train)
+    assert all(
+        default_compute_score("arithmetic", r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) == 1.0
+        for r in train
+    )
     assert default_compute_score("arithmetic", f"#### {x + y + 1}", row["reward_model"]["ground_truth"]) == 0.0
 
 
 def test_arithmetic_sizes(tmp_path):
     script = load_script("arithmetic")
-    written = script.main(["--local_save_dir", str(tmp_path), "--max_operand", "9", "--test_size", "10", "--train_size", "25"])
+    written = script.main(
+        ["--local_save_dir", str(tmp_path), "--max_operand", "9", "--test_size", "10", "--train_size", "25"]
+    )
     assert [pq.read_metadata(written[s]).num_rows for s in ("train", "test")] == [25, 10]
     with pytest.raises(ValueError, match="100 pairs, fewer than --test_size 90 \\+ --train_size 11"):
-        script.main(["--local_save_dir", str(tmp_path), "--max_operand", "9", "--test_size", "90", "--train_size", "11"])
+        script.main(
+            ["--local_save_dir", str(tmp_path), "--max_operand", "9", "--test_size", "90", "--train_size", "11"]
+        )

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers.tiny_tokenizer import build_tiny_tokenizer
+
 from verlx.config.run import DataConfig
-from verlx.data import PromptDataLoader, RLHFDataset, StatefulSampler, build_train_dataloader, build_val_dataloader
-from verlx.data import write_parquet_atomic
+from verlx.data import (
+    PromptDataLoader,
+    RLHFDataset,
+    StatefulSampler,
+    build_train_dataloader,
+    build_val_dataloader,
+    write_parquet_atomic,
+)
 from verlx.protocol import DataProto
 
 

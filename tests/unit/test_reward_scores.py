@@ -127,7 +127,11 @@ def test_math_compute_score():
 # ---------------------------------------------------------------------- registry
 def test_registry_routes_by_data_source():
     assert set(SCORE_FUNCTIONS.names()) == {
-        "openai/gsm8k", "arithmetic", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
+        "openai/gsm8k",
+        "arithmetic",
+        "lighteval/MATH",
+        "DigitalLearningGmbH/MATH-lighteval",
+        "HuggingFaceH4/MATH-500",
     }
     assert default_compute_score("openai/gsm8k", "#### 18.0", "18") == 1.0
     assert default_compute_score("arithmetic", " #### 167", "167") == 1.0
@@ -158,7 +162,9 @@ def test_load_reward_function_from_file(tmp_path):
         "def length_reward(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
         "    return scale * len(solution_str)\n"
     )
-    fn = load_reward_function(CustomRewardFunctionConfig(path=str(path), name="length_reward", reward_kwargs={"scale": 0.5}))
+    fn = load_reward_function(
+        CustomRewardFunctionConfig(path=str(path), name="length_reward", reward_kwargs={"scale": 0.5})
+    )
     assert fn(data_source="x", solution_str="abcd", ground_truth=None, extra_info=None) == 2.0
     clone = pickle.loads(pickle.dumps(fn))  # pickles by file reference: how scoring workers get it
     assert isinstance(clone, FileRewardFunction) and clone("x", "abcdef", None) == 3.0
@@ -175,7 +181,9 @@ def test_load_reward_function_errors(tmp_path):
         load_reward_function(CustomRewardFunctionConfig(path=str(tmp_path / "missing.py")))
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
-    with pytest.raises(ImportError, match="importing custom_reward_function.path=.*broken.py failed: ModuleNotFoundError"):
+    with pytest.raises(
+        ImportError, match="importing custom_reward_function.path=.*broken.py failed: ModuleNotFoundError"
+    ):
         load_reward_function(CustomRewardFunctionConfig(path=str(broken)))
     narrow = tmp_path / "narrow.py"
     narrow.write_text("def compute_score(solution_str, ground_truth):\n    return 1.0\n")

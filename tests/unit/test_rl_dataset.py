@@ -7,8 +7,8 @@ import logging
 import numpy as np
 import pytest
 import torch
-
 from helpers.tiny_tokenizer import build_tiny_tokenizer
+
 from verlx.config.run import DataConfig
 from verlx.data import RLHFDataset, write_parquet_atomic
 from verlx.protocol import DataProto, collate_rows
@@ -96,9 +96,9 @@ def test_several_files_concatenate_and_index_is_a_global_row_id(tmp_path, tokeni
 )
 def test_truncation_modes(tmp_path, tokenizer, mode, kept):
     path = write(tmp_path, "a.parquet", [row("abcdefghij")])
-    full = tokenizer(
-        "<|im_start|>user\nabcdefghij<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
-    )["input_ids"]
+    full = tokenizer("<|im_start|>user\nabcdefghij<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)[
+        "input_ids"
+    ]
     assert len(full) == 29
     ds = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=25, truncation=mode))
     assert ds[0]["raw_prompt_ids"] == kept(full)
@@ -126,7 +126,9 @@ def test_filter_overlong_prompts_drops_and_reports(tmp_path, tokenizer, caplog):
     assert len(ds) == 3 and ds.num_filtered == 2
     assert [ds[i]["index"] for i in range(3)] == [0, 2, 4]
     assert ds.prompt_lengths.tolist() == [20, 25, 22]
-    assert "3 of 5 rows kept" in caplog.text and "2 prompts longer than data.max_prompt_length=25 dropped" in caplog.text
+    assert (
+        "3 of 5 rows kept" in caplog.text and "2 prompts longer than data.max_prompt_length=25 dropped" in caplog.text
+    )
 
 
 def test_filter_with_worker_processes_matches_in_process(tmp_path, tokenizer):
@@ -134,7 +136,9 @@ def test_filter_with_worker_processes_matches_in_process(tmp_path, tokenizer):
     path = write(tmp_path, "a.parquet", rows)
     one = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=30, filter_overlong_prompts=True))
     two = RLHFDataset(
-        path, tokenizer, DataConfig(max_prompt_length=30, filter_overlong_prompts=True, filter_overlong_prompts_workers=2)
+        path,
+        tokenizer,
+        DataConfig(max_prompt_length=30, filter_overlong_prompts=True, filter_overlong_prompts_workers=2),
     )
     # contents of 12..17 characters (k % 17 > 10) are longer than 30 - 19 = 11 tokens of content
     assert one.num_filtered == two.num_filtered == sum(1 for k in range(60) if k % 17 > 10) == 18
@@ -168,7 +172,9 @@ BAD_PROMPTS = [
 def test_bad_rows_raise_with_file_and_row(tmp_path, tokenizer, prompt, kind):
     # pyarrow needs one type per column, so each bad prompt goes in its own file next to a good row
     bad = dict(row("ok"), prompt=prompt)
-    path = write(tmp_path, "bad.parquet", [row("fine"), bad] if isinstance(prompt, list) else [dict(row("x"), prompt=prompt)])
+    path = write(
+        tmp_path, "bad.parquet", [row("fine"), bad] if isinstance(prompt, list) else [dict(row("x"), prompt=prompt)]
+    )
     bad_row = 1 if isinstance(prompt, list) else 0
     with pytest.raises(ValueError) as e:
         RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=32))
@@ -189,7 +195,9 @@ def test_skip_bad_rows_counts_reasons(tmp_path, tokenizer):
     assert ds.num_skipped == 3
     assert ds.skip_reasons == {"whitespace-only prompt": 1, "malformed prompt": 2}
     assert [(s.row, s.reason.split(":")[0]) for s in ds.skipped] == [
-        (1, "whitespace-only prompt"), (2, "malformed prompt"), (4, "malformed prompt"),
+        (1, "whitespace-only prompt"),
+        (2, "malformed prompt"),
+        (4, "malformed prompt"),
     ]
     only_bad = write(tmp_path, "b.parquet", [dict(row("x"), prompt=[])])
     with pytest.raises(ValueError, match="no usable prompts .* 1 bad rows skipped"):
@@ -200,7 +208,9 @@ def test_chat_template_kwargs_are_passed(tmp_path, tokenizer):
     tok = build_tiny_tokenizer()
     tok.chat_template = "{{ prefix }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     path = write(tmp_path, "a.parquet", [row("abc")])
-    ds = RLHFDataset(path, tok, DataConfig(max_prompt_length=8, apply_chat_template_kwargs={"prefix": "P:"}, return_full_prompt=True))
+    ds = RLHFDataset(
+        path, tok, DataConfig(max_prompt_length=8, apply_chat_template_kwargs={"prefix": "P:"}, return_full_prompt=True)
+    )
     assert ds[0]["full_prompt"] == "P:abc"
     assert ds[0]["attention_mask"].sum() == 5
     tok.chat_template = None

@@ -6,6 +6,12 @@ from verlx.data.rl_dataset import PROMPT_TRUNCATIONS, RLHFDataset
 from verlx.data.sampler import StatefulSampler
 
 __all__ = [
-    "PROMPT_TRUNCATIONS", "PromptDataLoader", "RLHFDataset", "StatefulSampler", "build_train_dataloader",
-    "build_val_dataloader", "read_parquet_columns", "write_parquet_atomic",
+    "PROMPT_TRUNCATIONS",
+    "PromptDataLoader",
+    "RLHFDataset",
+    "StatefulSampler",
+    "build_train_dataloader",
+    "build_val_dataloader",
+    "read_parquet_columns",
+    "write_parquet_atomic",
 ]

@@ -34,4 +34,6 @@ def read_parquet_columns(path: str) -> dict[str, list]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"parquet file not found: {path} (check data.train_files / data.val_files)")
     table = pq.read_table(path)
-    return {name: table.column(name).to_pylist() for name in table.column_names if not name.startswith("__index_level_")}
+    return {
+        name: table.column(name).to_pylist() for name in table.column_names if not name.startswith("__index_level_")
+    }

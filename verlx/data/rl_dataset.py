@@ -54,9 +54,14 @@ def prompt_problem(prompt: Any) -> tuple[str, str] | None:
         return "malformed prompt", f"expected a non-empty list of {{role, content}} messages, got {_describe(prompt)}"
     for j, message in enumerate(prompt):
         if not (
-            isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
         ):
-            return "malformed prompt", f"message {j} is not a {{'role': str, 'content': str}} dict: {_describe(message)}"
+            return (
+                "malformed prompt",
+                f"message {j} is not a {{'role': str, 'content': str}} dict: {_describe(message)}",
+            )
     if all(not message["content"].strip() for message in prompt):
         return "whitespace-only prompt", "every message of the prompt is empty or whitespace"
     return None
@@ -80,7 +85,8 @@ class RLHFDataset:
         self.max_prompt_length = int(config.max_prompt_length)
         if config.truncation != "error" and config.truncation not in PROMPT_TRUNCATIONS:
             raise ValueError(
-                f"data.truncation must be one of error, {', '.join(PROMPT_TRUNCATIONS.names())}; got {config.truncation!r}"
+                f"data.truncation must be one of error, {', '.join(PROMPT_TRUNCATIONS.names())}; "
+                f"got {config.truncation!r}"
             )
         self.pad_token_id = self._pad_token_id(tokenizer)
         if not getattr(tokenizer, "chat_template", None):

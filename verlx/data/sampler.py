@@ -48,7 +48,10 @@ class StatefulSampler:
 
     def state_dict(self) -> dict:
         return {
-            "epoch": self.epoch, "position": self.position, "num_rows": self.num_rows, "shuffle": self.shuffle,
+            "epoch": self.epoch,
+            "position": self.position,
+            "num_rows": self.num_rows,
+            "shuffle": self.shuffle,
             "seed": self.seed,
         }
 
@@ -56,7 +59,11 @@ class StatefulSampler:
         if state.get("num_rows", self.num_rows) != self.num_rows or state.get("seed", self.seed) != self.seed:
             logger.warning(
                 "resuming the data order of %s rows (seed %s) over %s rows (seed %s): the order differs from the "
-                "original run from here on", state.get("num_rows"), state.get("seed"), self.num_rows, self.seed,
+                "original run from here on",
+                state.get("num_rows"),
+                state.get("seed"),
+                self.num_rows,
+                self.seed,
             )
         self.epoch = int(state["epoch"])
         self.position = min(int(state["position"]), self.num_rows)

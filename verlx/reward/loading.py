@@ -78,7 +78,10 @@ class FileRewardFunction:
 
     def __call__(self, data_source, solution_str, ground_truth, extra_info=None):
         return self._fn(
-            data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info,
+            data_source=data_source,
+            solution_str=solution_str,
+            ground_truth=ground_truth,
+            extra_info=extra_info,
             **self.kwargs,
         )
 

@@ -37,12 +37,10 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
         pattern = _PATTERNS[method]
     except KeyError:
         raise ValueError(f"gsm8k method must be one of {sorted(_PATTERNS)}, got {method!r}") from None
-    last = None
-    for last in pattern.finditer(solution_str, _tail_start(solution_str)):
-        pass
-    if last is None:
+    found = pattern.findall(solution_str, _tail_start(solution_str))
+    if not found:
         return None
-    return last.group(1).replace(",", "").replace("$", "").rstrip(".")
+    return found[-1].replace(",", "").replace("$", "").rstrip(".")
 
 
 def _as_decimal(text: str) -> Decimal | None:

@@ -27,7 +27,9 @@ def register_score(*data_sources: str) -> Callable[[ScoreFunction], ScoreFunctio
     return decorator
 
 
-def default_compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float | dict:
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+) -> float | dict:
     """Score one response with the built-in rule of its data_source."""
     try:
         fn = SCORE_FUNCTIONS.get(data_source)
