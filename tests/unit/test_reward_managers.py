@@ -249,6 +249,10 @@ def test_every_sample_failing_raises_with_the_first_traceback(tmp_path, tokenize
         and "ValueError: boom on purpose" in message
         and "line 6, in compute_score" in message
     )
+    timeouts = RewardConfig(num_workers=2, timeout_s=0.5)
+    with NaiveRewardManager(tokenizer, fn, config=timeouts) as manager:
+        with pytest.raises(RewardFailure, match="2/2 reward computations failed \\(0 errors, 2 timeouts\\)"):
+            manager(make_batch(tokenizer, ["sleep", "spin"], ["7"] * 2))
 
 
 def test_max_error_fraction(tmp_path, tokenizer):
@@ -261,6 +265,13 @@ def test_max_error_fraction(tmp_path, tokenizer):
             manager(batch)
         # the aborted batch leaves a usable pool behind
         assert manager(make_batch(tokenizer, ["7"], ["7"])).extra["score"].tolist() == [1.0]
+    # Once the failure budget is spent the outcome is certain: the batch stops without waiting out the hung samples.
+    config = RewardConfig(num_workers=1, timeout_s=30, max_error_fraction=0.0)
+    with NaiveRewardManager(tokenizer, fn, config=config) as manager:
+        start = time.perf_counter()
+        with pytest.raises(RewardFailure, match="ValueError: boom on purpose"):
+            manager(make_batch(tokenizer, ["raise", "sleep", "sleep"], ["7"] * 3))
+        assert time.perf_counter() - start < 10
 
 
 def test_builtin_scores_in_the_pool_and_missing_ground_truth(tokenizer):
