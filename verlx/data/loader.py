@@ -1,0 +1,74 @@
+"""PromptDataLoader: DataProto batches of an RLHFDataset in a StatefulSampler's order.
+
+`for batch in loader` runs the rest of the current epoch (all of it, on a fresh loader); the trainer loops over
+epochs. The state (the sampler's) can be saved after any batch and restored to continue with the next one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+from verlx.data.rl_dataset import RLHFDataset
+from verlx.data.sampler import StatefulSampler
+from verlx.protocol import DataProto, collate_rows
+
+
+class PromptDataLoader:
+    def __init__(self, dataset, batch_size: int, sampler: StatefulSampler, drop_last: bool = True):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if sampler.num_rows != len(dataset):
+            raise ValueError(f"the sampler covers {sampler.num_rows} rows, the dataset has {len(dataset)}")
+        if drop_last and len(dataset) < batch_size:
+            raise ValueError(
+                f"the dataset has {len(dataset)} rows, fewer than one batch of {batch_size} "
+                "(data.train_batch_size): use more data or a smaller batch"
+            )
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.sampler = sampler
+        self.drop_last = drop_last
+
+    @property
+    def epoch_rows(self) -> int:
+        """Rows handed out per epoch (the last partial batch is dropped with drop_last)."""
+        n = len(self.dataset)
+        return n - n % self.batch_size if self.drop_last else n
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def __iter__(self) -> Iterator[DataProto]:
+        if self.sampler.position >= self.epoch_rows:  # a state saved with a larger batch size
+            self.sampler.epoch, self.sampler.position = self.sampler.epoch + 1, 0
+        epoch = self.sampler.epoch
+        while self.sampler.epoch == epoch:
+            yield self._collate(self.sampler.take(self.batch_size, self.epoch_rows))
+
+    def _collate(self, rows) -> DataProto:
+        if hasattr(self.dataset, "get_batch"):
+            return self.dataset.get_batch(rows)
+        return collate_rows(self.dataset[int(i)] for i in rows)
+
+    def state_dict(self) -> dict:
+        return {"sampler": self.sampler.state_dict(), "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+
+def build_train_dataloader(dataset: RLHFDataset, batch_size: int, shuffle: bool, seed: int) -> PromptDataLoader:
+    """Training batches: shuffled per epoch (data.shuffle, data.seed or trainer.seed), last partial batch dropped."""
+    return PromptDataLoader(dataset, batch_size, StatefulSampler(len(dataset), shuffle, seed), drop_last=True)
+
+
+def build_val_dataloader(dataset: RLHFDataset, batch_size: int | None, shuffle: bool = False, seed: int = 0):
+    """Validation batches: every row once, file order (data.validation_shuffle), batch_size None = one batch."""
+    size = len(dataset) if not batch_size or batch_size <= 0 else batch_size
+    return PromptDataLoader(dataset, size, StatefulSampler(len(dataset), shuffle, seed), drop_last=False)

@@ -1,0 +1,104 @@
+"""Load the user's reward function from a Python file (custom_reward_function.path / .name / .reward_kwargs).
+
+The loaded function is wrapped in `FileRewardFunction`, which pickles as (path, name, kwargs): scoring worker
+processes re-import the file themselves, so functions from any file work across process boundaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Any, Callable
+
+from verlx.reward.scores import default_compute_score
+
+_CALL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def _import_file(path: str):
+    """Import a Python file as a uniquely named module (two files with one base name must not collide)."""
+    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
+    module_name = f"verlx_custom_reward_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"custom_reward_function.path={path} is not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        del sys.modules[module_name]
+        raise ImportError(f"importing custom_reward_function.path={path} failed: {type(e).__name__}: {e}") from e
+    return module
+
+
+class FileRewardFunction:
+    """`name` from the file at `path`, called with `kwargs` bound; pickles by reference to the file."""
+
+    def __init__(self, path: str, name: str = "compute_score", kwargs: dict[str, Any] | None = None):
+        self.path = os.path.abspath(os.path.expanduser(path))
+        self.name = name
+        self.kwargs = dict(kwargs or {})
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(
+                f"custom_reward_function.path={path} does not exist (resolved to {self.path}); "
+                "point it at a Python file that defines the reward function, or set it to null for the built-in scores"
+            )
+        module = _import_file(self.path)
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            defined = sorted(
+                k for k, v in vars(module).items() if callable(v) and getattr(v, "__module__", None) == module.__name__
+            )
+            raise AttributeError(
+                f"custom_reward_function.name={name} is not a function in {self.path}; "
+                f"callables defined there: {', '.join(defined) or '(none)'}"
+            )
+        self._check_signature(fn)
+        self._fn: Callable = fn
+
+    def _check_signature(self, fn: Callable) -> None:
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return
+        try:
+            signature.bind(**{a: None for a in _CALL_ARGUMENTS}, **self.kwargs)
+        except TypeError as e:
+            raise TypeError(
+                f"{self.name} in {self.path} cannot be called as {self.name}({', '.join(_CALL_ARGUMENTS)}"
+                f"{''.join(', ' + k + '=...' for k in self.kwargs)}) (keywords; the extra ones come from "
+                f"custom_reward_function.reward_kwargs): {e}"
+            ) from None
+
+    def __call__(self, data_source, solution_str, ground_truth, extra_info=None):
+        return self._fn(
+            data_source=data_source,
+            solution_str=solution_str,
+            ground_truth=ground_truth,
+            extra_info=extra_info,
+            **self.kwargs,
+        )
+
+    def __reduce__(self):
+        return FileRewardFunction, (self.path, self.name, self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"FileRewardFunction({self.path!r}, {self.name!r}, {self.kwargs!r})"
+
+
+def load_reward_function(config) -> Callable:
+    """The reward function of a CustomRewardFunctionConfig; the built-in scores when its path is null."""
+    if not config.path:
+        if config.reward_kwargs:
+            raise ValueError(
+                "custom_reward_function.reward_kwargs is set but custom_reward_function.path is null; "
+                "the built-in scores take no extra arguments"
+            )
+        return default_compute_score
+    return FileRewardFunction(config.path, config.name, dict(config.reward_kwargs or {}))

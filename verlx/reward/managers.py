@@ -1,0 +1,326 @@
+"""Reward managers: decode a rollout batch, score every response, put each score on its last response token.
+
+Scoring runs in an isolated process pool (verlx.reward.isolation) unless reward.num_workers=0. A sample whose
+function raised, timed out or returned something that is not a finite number gets reward.error_score and is
+counted (reward/errors, reward/timeouts); the first reward.show_errors failures are logged with their text and
+traceback; too many failures (or all of them) raise RewardFailure instead of training on made-up zeros.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from verlx.config.run import OverlongBufferConfig, RewardConfig
+from verlx.protocol import DataProto
+from verlx.reward.isolation import ScoreOutcome, ScorePool
+from verlx.reward.loading import load_reward_function
+from verlx.reward.scores import default_compute_score
+from verlx.utils.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+REWARD_MANAGERS: Registry[type["NaiveRewardManager"]] = Registry("reward manager", "reward_model.reward_manager")
+SHOWN_TEXT_CHARS = 2000
+
+
+class RewardFailure(RuntimeError):
+    """Too many reward computations of one batch failed to trust the rewards."""
+
+
+@dataclass
+class RewardResult:
+    """token_level_scores [B, R] float32: each sample's reward at its last valid response token (column 0 for
+    an empty response, so token_level_scores.sum(-1) is always the sample's reward).
+    extra: per-sample numpy arrays ("score", the keys of dict-returning functions, "reward_status", DAPO's
+    "overlong_reward"/"overlong"). metrics: reward/errors, reward/timeouts, reward/error_rate."""
+
+    token_level_scores: torch.Tensor
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Scored:
+    score: float
+    details: dict | None
+    status: str  # ok | error | timeout | aborted
+    error: str = ""
+
+
+def _finite_number(value: Any) -> float | None:
+    """float(value) for a real number (Python, numpy or a one-element tensor) that is finite, else None."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            return None
+        value = value.item()
+    elif isinstance(value, (np.ndarray, np.generic)):
+        if value.size != 1 or value.dtype.kind not in "biuf":
+            return None
+        value = value.item()
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{text[:200]}{'...' if len(text) > 200 else ''} ({type(value).__name__})"
+
+
+def interpret_outcome(outcome: ScoreOutcome, error_score: float) -> _Scored:
+    """A raw outcome → the sample's score; any return that is not a finite number (or a dict with one under
+    'score') is a failure."""
+    if not outcome.ok:
+        return _Scored(error_score, None, outcome.status, outcome.traceback)
+    value = outcome.value
+    if isinstance(value, dict):
+        score = _finite_number(value.get("score"))
+        if score is None:
+            return _Scored(
+                error_score,
+                None,
+                "error",
+                f"the reward function returned a dict whose 'score' is {_describe(value.get('score'))}; "
+                "a dict return needs a finite number under 'score'",
+            )
+        return _Scored(score, value, "ok")
+    score = _finite_number(value)
+    if score is None:
+        return _Scored(
+            error_score,
+            None,
+            "error",
+            f"the reward function returned {_describe(value)}; it must return a finite number or a dict with 'score'",
+        )
+    return _Scored(score, None, "ok")
+
+
+def _column(values: list[Any]) -> np.ndarray:
+    """Numbers become a float array (NaN where missing), anything else an object array (None where missing)."""
+    if all(v is None or isinstance(v, (numbers.Real, np.bool_)) for v in values):
+        return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):  # element by element: list values must not become extra dimensions
+        out[i] = value
+    return out
+
+
+@REWARD_MANAGERS.register("naive")
+class NaiveRewardManager:
+    """Score = compute_score(data_source, response text, ground truth, extra_info), on the last token."""
+
+    def __init__(
+        self,
+        tokenizer,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+        config: RewardConfig | None = None,
+        overlong_buffer: OverlongBufferConfig | None = None,
+        max_response_length: int | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+        self.config = config or RewardConfig()
+        self.overlong_buffer = overlong_buffer or OverlongBufferConfig()
+        self.max_response_length = max_response_length
+        self._check_config()
+        self._pool = (
+            ScorePool(self.compute_score, self.config.num_workers, self.config.timeout_s)
+            if self.config.num_workers > 0
+            else None
+        )
+
+    def _check_config(self) -> None:
+        c = self.config
+        if c.num_workers < 0:
+            raise ValueError(f"reward.num_workers must be >= 0 (0 = score in the driver), got {c.num_workers}")
+        if not 0.0 <= c.max_error_fraction <= 1.0:
+            raise ValueError(f"reward.max_error_fraction must be within [0, 1], got {c.max_error_fraction}")
+        if not math.isfinite(c.error_score):
+            raise ValueError(f"reward.error_score must be a finite number, got {c.error_score}")
+        self._check_shaping()
+
+    def _check_shaping(self) -> None:
+        if self.overlong_buffer.enable:
+            raise ValueError(
+                "reward_model.overlong_buffer.enable=true needs reward_model.reward_manager=dapo "
+                f"(the {type(self).__name__} does not shape rewards by length)"
+            )
+
+    # ------------------------------------------------------------------ one batch
+    def __call__(self, data: DataProto) -> RewardResult:
+        responses = data.batch["responses"]
+        batch_size, width = responses.shape
+        mask = self._response_mask(data, width)
+        lengths = mask.sum(-1)
+        positions = torch.arange(1, width + 1, device=mask.device)
+        last = (mask * positions).argmax(-1) if width else torch.zeros(batch_size, dtype=torch.long)
+        texts = self._decode(responses, torch.where(lengths > 0, last + 1, 0))
+        calls = self._calls(data, texts)
+        scored = [interpret_outcome(o, self.config.error_score) for o in self._run(calls)]
+
+        scores = torch.tensor([s.score for s in scored], dtype=torch.float32)
+        extra: dict[str, np.ndarray] = {"score": scores.numpy().astype(np.float64)}
+        for key in dict.fromkeys(k for s in scored if s.details for k in s.details):
+            if key != "score":
+                extra[key] = _column([s.details.get(key) if s.details else None for s in scored])
+        extra["reward_status"] = _column([s.status for s in scored])
+        rewards = scores + self.length_shaping(lengths.cpu(), extra)
+
+        token_level_scores = torch.zeros(batch_size, width, dtype=torch.float32)
+        if width:
+            token_level_scores.scatter_(1, last.cpu()[:, None], rewards[:, None])
+        metrics = self._account(scored, calls, texts)
+        return RewardResult(token_level_scores.to(responses.device), extra, metrics)
+
+    def length_shaping(self, lengths: torch.Tensor, extra: dict[str, np.ndarray]) -> torch.Tensor:
+        """Added to each sample's score (the naive manager adds nothing)."""
+        return torch.zeros(lengths.shape[0], dtype=torch.float32)
+
+    @staticmethod
+    def _response_mask(data: DataProto, width: int) -> torch.Tensor:
+        if "response_mask" in data.batch:
+            return data.batch["response_mask"].long()
+        if "attention_mask" in data.batch:
+            return data.batch["attention_mask"][:, data.batch["attention_mask"].shape[1] - width :].long()
+        raise KeyError(
+            f"the reward batch needs 'response_mask' [B, R] or 'attention_mask' [B, P+R]; it has {sorted(data.batch)}"
+        )
+
+    def _decode(self, responses: torch.Tensor, ends: torch.Tensor) -> list[str]:
+        """One batch_decode of every response up to its last valid token (only valid tokens become lists)."""
+        rows = responses.cpu().numpy()
+        return self.tokenizer.batch_decode(
+            [row[:end].tolist() for row, end in zip(rows, ends.tolist())], skip_special_tokens=True
+        )
+
+    def _calls(self, data: DataProto, texts: list[str]) -> list[dict]:
+        nt = data.non_tensor_batch
+        if self.reward_fn_key not in nt:
+            raise KeyError(
+                f"the reward batch has no non-tensor '{self.reward_fn_key}' (data.reward_fn_key) to pick the "
+                f"reward function by; present: {sorted(nt)}"
+            )
+        reward_models = nt.get("reward_model", [None] * len(texts))
+        extra_infos = nt.get("extra_info", [None] * len(texts))
+        return [
+            dict(
+                data_source=source,
+                solution_str=text,
+                ground_truth=rm.get("ground_truth") if isinstance(rm, dict) else None,
+                extra_info=dict(info) if isinstance(info, dict) else info,
+            )
+            for source, text, rm, info in zip(nt[self.reward_fn_key], texts, reward_models, extra_infos)
+        ]
+
+    def _run(self, calls: list[dict]) -> list[ScoreOutcome]:
+        if self._pool is not None:
+            allowed = math.floor(self.config.max_error_fraction * len(calls))
+            return self._pool.map(calls, max_failures=allowed)
+        outcomes = []
+        for call in calls:
+            try:
+                outcomes.append(ScoreOutcome("ok", self.compute_score(**call)))
+            except Exception:
+                outcomes.append(ScoreOutcome("error", traceback=traceback.format_exc()))
+        return outcomes
+
+    # ------------------------------------------------------------------ failures
+    def _account(self, scored: list[_Scored], calls: list[dict], texts: list[str]) -> dict[str, float]:
+        failed = [i for i, s in enumerate(scored) if s.status != "ok"]
+        timeouts = sum(scored[i].status == "timeout" for i in failed)
+        n = len(scored)
+        for i in failed[: self.config.show_errors]:
+            logger.warning("reward computation failed:\n%s", self._failure_report(i, scored, calls, texts))
+        if failed and (len(failed) == n or len(failed) > self.config.max_error_fraction * n):
+            why = (
+                "every sample"
+                if len(failed) == n
+                else f"more than reward.max_error_fraction={self.config.max_error_fraction}"
+            )
+            raise RewardFailure(
+                f"{len(failed)}/{n} reward computations failed ({len(failed) - timeouts} errors, {timeouts} "
+                f"timeouts): {why}. Refusing to train on made-up rewards. First failure:\n"
+                + self._failure_report(failed[0], scored, calls, texts)
+            )
+        return {
+            "reward/errors": float(len(failed) - timeouts),
+            "reward/timeouts": float(timeouts),
+            "reward/error_rate": len(failed) / n if n else 0.0,
+        }
+
+    @staticmethod
+    def _failure_report(i: int, scored: list[_Scored], calls: list[dict], texts: list[str]) -> str:
+        text = texts[i]
+        if len(text) > SHOWN_TEXT_CHARS:
+            half = SHOWN_TEXT_CHARS // 2
+            text = f"{text[:half]}\n[... {len(text) - 2 * half} characters ...]\n{text[-half:]}"
+        return (
+            f"sample {i} ({scored[i].status}), data_source={calls[i]['data_source']!r}, "
+            f"ground_truth={calls[i]['ground_truth']!r}\nresponse:\n{text}\n{scored[i].error.rstrip()}"
+        )
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@REWARD_MANAGERS.register("dapo")
+class DAPORewardManager(NaiveRewardManager):
+    """Naive scoring plus DAPO's overlong shaping: a penalty growing linearly from 0 to -penalty_factor over the
+    last overlong_buffer.len tokens of the allowed response length."""
+
+    def _check_shaping(self) -> None:
+        buffer = self.overlong_buffer
+        if not buffer.enable:
+            return
+        if buffer.len <= 0:
+            raise ValueError(f"reward_model.overlong_buffer.len must be > 0 when enabled, got {buffer.len}")
+        if self.max_response_length is None or buffer.len > self.max_response_length:
+            raise ValueError(
+                f"reward_model.overlong_buffer.len={buffer.len} must not exceed data.max_response_length="
+                f"{self.max_response_length}"
+            )
+
+    def length_shaping(self, lengths: torch.Tensor, extra: dict[str, np.ndarray]) -> torch.Tensor:
+        buffer = self.overlong_buffer
+        if not buffer.enable:
+            return super().length_shaping(lengths, extra)
+        expected = self.max_response_length - buffer.len
+        penalty = (-(lengths.double() - expected) / buffer.len * buffer.penalty_factor).clamp(max=0.0)
+        if buffer.log:
+            extra["overlong_reward"] = penalty.numpy()
+            extra["overlong"] = (penalty < 0).numpy()
+        return penalty.float()
+
+
+def build_reward_manager(config, tokenizer) -> NaiveRewardManager:
+    """The manager a PPOConfig asks for: reward_model.reward_manager scoring with custom_reward_function (or
+    the built-in scores), isolated per the reward section."""
+    manager_cls = REWARD_MANAGERS.get(config.reward_model.reward_manager)
+    return manager_cls(
+        tokenizer,
+        load_reward_function(config.custom_reward_function),
+        reward_fn_key=config.data.reward_fn_key,
+        config=config.reward,
+        overlong_buffer=config.reward_model.overlong_buffer,
+        max_response_length=config.data.max_response_length,
+    )
