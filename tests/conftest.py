@@ -39,3 +39,36 @@ def ray_cpu():
     ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=True)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A 2-layer Qwen2 with a character-level tokenizer, saved with save_pretrained (random weights)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from helpers.tiny_tokenizer import build_tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny_model")
+    tok = build_tiny_tokenizer()
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, eos_token_id=im_end, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    GenerationConfig(eos_token_id=[im_end, tok.eos_token_id], pad_token_id=tok.pad_token_id).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def arithmetic_data_dir(tmp_path_factory):
+    """Real parquet files from the project's arithmetic preprocessing script."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("arithmetic")
+    subprocess.run([sys.executable, os.path.join(REPO_DIR, "examples/data_preprocess/arithmetic.py"),
+                    "--local_save_dir", str(out), "--test_size", "16", "--train_size", "64"],
+                   check=True, capture_output=True)
+    return str(out)

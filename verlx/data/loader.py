@@ -72,3 +72,15 @@ def build_val_dataloader(dataset: RLHFDataset, batch_size: int | None, shuffle: 
     """Validation batches: every row once, file order (data.validation_shuffle), batch_size None = one batch."""
     size = len(dataset) if not batch_size or batch_size <= 0 else batch_size
     return PromptDataLoader(dataset, size, StatefulSampler(len(dataset), shuffle, seed), drop_last=False)
+
+
+def build_dataloaders(config, tokenizer) -> tuple[PromptDataLoader, PromptDataLoader | None]:
+    """Training and validation loaders of a PPOConfig (validation None when data.val_files is null)."""
+    data = config.data
+    seed = data.seed if data.seed is not None else config.trainer.seed
+    train = RLHFDataset(data.train_files, tokenizer, data, data.train_max_samples)
+    train_loader = build_train_dataloader(train, data.train_batch_size, data.shuffle, seed)
+    if data.val_files is None:
+        return train_loader, None
+    val = RLHFDataset(data.val_files, tokenizer, data, data.val_max_samples)
+    return train_loader, build_val_dataloader(val, data.val_batch_size, data.validation_shuffle, seed)

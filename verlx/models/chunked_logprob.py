@@ -26,17 +26,20 @@ def _chunk_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
 
 class _ChunkedLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy, out_shape):
         n = hidden.shape[0]
         out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        logp = torch.empty(n, device=hidden.device, dtype=out_dtype)
-        entropy = torch.empty(n, device=hidden.device, dtype=out_dtype) if with_entropy else None
+        # outputs are allocated in their final shape (not views of flat buffers): FSDP's output hooks need that
+        logp = torch.empty(out_shape, device=hidden.device, dtype=out_dtype)
+        entropy = torch.empty(out_shape, device=hidden.device, dtype=out_dtype) if with_entropy else None
+        flat_logp = logp.view(-1)
+        flat_entropy = entropy.view(-1) if with_entropy else None
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
             _, _, _, lp, ent = _chunk_stats(hidden[start:end], weight, targets[start:end], temperature)
-            logp[start:end] = lp
+            flat_logp[start:end] = lp
             if with_entropy:
-                entropy[start:end] = ent
+                flat_entropy[start:end] = ent
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
         return (logp, entropy) if with_entropy else (logp, torch.zeros(0, device=hidden.device))
@@ -44,6 +47,9 @@ class _ChunkedLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, targets = ctx.saved_tensors
+        grad_logp = grad_logp.reshape(-1)
+        if ctx.with_entropy and grad_entropy is not None:
+            grad_entropy = grad_entropy.reshape(-1)
         t = ctx.temperature
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_h else None
@@ -68,7 +74,7 @@ class _ChunkedLogProb(torch.autograd.Function):
                 grad_weight += torch.matmul(grad_z.t(), h).to(acc_dtype)
         if need_w:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def chunked_log_probs(
@@ -90,8 +96,9 @@ def chunked_log_probs(
     shape = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1).long()
-    logp, entropy = _ChunkedLogProb.apply(flat_h, weight, flat_t, float(temperature), int(chunk_size), with_entropy)
-    return logp.view(shape), (entropy.view(shape) if with_entropy else None)
+    logp, entropy = _ChunkedLogProb.apply(flat_h, weight, flat_t, float(temperature), int(chunk_size), with_entropy,
+                                          tuple(shape))
+    return logp, (entropy if with_entropy else None)
 
 
 def full_logits_log_probs(hidden, weight, targets, temperature: float = 1.0, with_entropy: bool = False):

@@ -33,7 +33,7 @@ def resolve_device(config: PPOConfig) -> bool:
 def prepare(config: PPOConfig):
     """Checks and builds everything the driver needs; no Ray, no GPU."""
     from verlx.data import build_dataloaders
-    from verlx.reward import build_reward_functions
+    from verlx.reward.managers import build_reward_manager
     from verlx.rollout.base import resolve_engine_name
     from verlx.utils.tracking import check_loggers
     from verlx.workers.tokenizer import load_tokenizer
@@ -46,8 +46,8 @@ def prepare(config: PPOConfig):
     model = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template)
     train_loader, val_loader = build_dataloaders(config, tokenizer)
-    reward_fn, val_reward_fn = build_reward_functions(config, tokenizer)
-    return use_gpu, tokenizer, train_loader, val_loader, reward_fn, val_reward_fn
+    reward_fn = build_reward_manager(config, tokenizer)
+    return use_gpu, tokenizer, train_loader, val_loader, reward_fn
 
 
 def start_ray(config: PPOConfig, use_gpu: bool) -> None:
@@ -56,7 +56,8 @@ def start_ray(config: PPOConfig, use_gpu: bool) -> None:
     if ray.is_initialized():
         return
     init = config.ray_kwargs.ray_init
-    env = {"TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
+    env = {"TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
     kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
     if init.address:
         kwargs["address"] = init.address
@@ -69,16 +70,15 @@ def start_ray(config: PPOConfig, use_gpu: bool) -> None:
 def run_ppo(config: PPOConfig) -> dict[str, float]:
     from verlx.trainer.ppo_trainer import RayPPOTrainer
 
-    use_gpu, tokenizer, train_loader, val_loader, reward_fn, val_reward_fn = prepare(config)
+    use_gpu, tokenizer, train_loader, val_loader, reward_fn = prepare(config)
     start_ray(config, use_gpu)
-    trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, val_reward_fn, use_gpu)
+    trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, reward_fn, use_gpu)
     try:
         trainer.init_workers()
         return trainer.fit()
     finally:
         trainer.shutdown()
-        for fn in {id(f): f for f in (reward_fn, val_reward_fn)}.values():
-            fn.close()
+        reward_fn.close()
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)

@@ -143,8 +143,9 @@ class RayPPOTrainer:
                 if t.val_only:
                     return last_metrics
             progress = _progress_bar(self.total_steps, self.global_step, t.progress_bar)
+            batches = self._endless_batches()
             while self.global_step < self.total_steps:
-                batch = self.train_loader.next_batch()
+                batch = next(batches)
                 self.global_step += 1
                 metrics = self.train_step(batch)
                 last_step = self.global_step >= self.total_steps
@@ -166,6 +167,11 @@ class RayPPOTrainer:
         finally:
             tracker.finish()
         return last_metrics
+
+    def _endless_batches(self):
+        """Batches across epochs; the loader's state after each batch is what a checkpoint saves."""
+        while True:
+            yield from self.train_loader
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         cfg = self.config

@@ -63,6 +63,7 @@ class ConsoleLogger(MetricLogger):
     def __init__(self, *args):
         super().__init__(*args)
         self.lines = 0
+        self.header: list[str] = []
 
     def log(self, metrics, step):
         columns = []
@@ -74,9 +75,11 @@ class ConsoleLogger(MetricLogger):
                 columns.append((label, _format(metrics[key], fmt)))
         if not columns:
             return
-        widths = [max(len(label), len(value)) for label, value in columns]
+        widths = [max(len(label), len(value), 7) for label, value in columns]
         write = _tqdm_write()
-        if self.lines % 20 == 0:
+        labels = [label for label, _ in columns]
+        if self.lines % 20 == 0 or labels != self.header:
+            self.header, self.lines = labels, 0
             write("step  " + "  ".join(label.rjust(w) for (label, _), w in zip(columns, widths)))
         write(f"{step:<4}  " + "  ".join(value.rjust(w) for (_, value), w in zip(columns, widths)))
         self.lines += 1

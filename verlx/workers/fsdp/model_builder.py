@@ -49,6 +49,14 @@ def load_hf_config(path: str, trust_remote_code: bool, override_config: dict):
     return config
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Non-reentrant checkpointing of every decoder layer (transformers renamed the method in 5.x)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa") -> PolicyModel:
     """The HF causal LM in `master_dtype`, wrapped for chunked log-probs."""
     from transformers import AutoModelForCausalLM
@@ -66,7 +74,7 @@ def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementa
     except Exception as e:
         raise RuntimeError(f"could not load the model from {path!r} (actor_rollout_ref.model.path): {e}") from e
     if model_cfg.enable_gradient_checkpointing:
-        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(hf_model)
     return PolicyModel(hf_model)
 
 
@@ -87,7 +95,7 @@ def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_imple
     except Exception as e:
         raise RuntimeError(f"could not load the critic from {path!r} (critic.model.path): {e}") from e
     if model_cfg.enable_gradient_checkpointing:
-        decoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(decoder)
     model = ValueModel(decoder, config.hidden_size)
     model.value_head.to(master_dtype)
     return model
@@ -121,7 +129,7 @@ def apply_fsdp2(
     return model
 
 
-def build_optimizer(params, optim_cfg, grad_clip_alias: float | None = None) -> torch.optim.Optimizer:
+def build_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
     return torch.optim.AdamW(
         params,
