@@ -61,7 +61,8 @@ def test_grpo_two_steps_engine_follows_actor(ray_cpu, tiny_model_dir, arithmetic
     the KL to the reference is positive while the engine, refreshed by update_weights, still matches the actor."""
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo",
                       "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=true",
-                      "actor_rollout_ref.actor.entropy_coeff=0.01", "trainer.total_training_steps=2")
+                      "actor_rollout_ref.actor.entropy_coeff=0.01", "trainer.total_training_steps=2",
+                      "actor_rollout_ref.actor.ppo_mini_batch_size=8")  # one optimizer step per training step
     run_ppo(cfg)
     step1, step2 = read_metrics(tmp_path)
     assert step1["actor/kl_loss"] == 0.0 and step1["actor/grad_norm"] > 0
