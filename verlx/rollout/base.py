@@ -38,6 +38,16 @@ class RolloutContext:
     tp_size: int = 1
     trust_remote_code: bool = False
     tokenizer_path: str | None = None
+    #: worker processes (GPUs) per node, trainer.n_gpus_per_node; None: every rank on one node
+    n_gpus_per_node: int | None = None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.n_gpus_per_node or self.world_size
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size // self.gpus_per_node
 
     @property
     def tp_rank(self) -> int:
