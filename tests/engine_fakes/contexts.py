@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -43,6 +44,8 @@ def write_checkpoint(path: str, tied: bool = False) -> str:
     os.makedirs(path, exist_ok=True)
     names = {n: s for n, s in SHAPES.items() if not (tied and n == "lm_head.weight")}
     save_file({n: torch.zeros(s) for n, s in names.items()}, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model_type": "qwen2", "tie_word_embeddings": tied}, f)
     return path
 
 

@@ -28,6 +28,7 @@ from verlx.rollout.weight_sync import (
     WeightSyncError,
     bucket_bytes_of,
     engine_dtype,
+    expected_push_names,
     iter_buckets,
     iter_engine_weights,
 )
@@ -55,6 +56,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.version = check_engine_version("vllm")
         self.layout = plan_engine_layout(ctx.rank, ctx.world_size, ctx.tp_size, ctx.gpus_per_node, ctx.nnodes)
         self.tie_word_embeddings = bool(getattr(ctx.hf_config, "tie_word_embeddings", False))
+        self.expected_names = expected_push_names(ctx.model_path, self.tie_word_embeddings)
         # The engine core must live in this process (the model is reached in place); read when vllm starts.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self._llm = self._launch()
@@ -150,8 +152,10 @@ class VLLMRolloutEngine(RolloutEngine):
             named_tensors, engine_dtype(self.config.dtype), self.tie_word_embeddings, device=self.ctx.device
         )
         loaded_total: set[str] = set()
+        pushed: set[str] = set()
         for bucket in iter_buckets(weights, bucket_bytes_of(self.config)):
             names = [name for name, _ in bucket]
+            pushed.update(names)
             try:
                 loaded = model.load_weights(weights=bucket)
             except Exception as e:
@@ -171,7 +175,10 @@ class VLLMRolloutEngine(RolloutEngine):
         if KV_CACHE in self.residency.resident and self.config.enable_prefix_caching:
             if self._llm.reset_prefix_cache() is False:
                 raise WeightSyncError(ENGINE, ["<reset_prefix_cache>"], "vLLM refused to reset the prefix cache")
-        not_loaded = self._param_names - loaded_total
-        if not_loaded and not self.residency.weights_current:
-            logger.warning("vllm: push left %d parameters unset (%s...)", len(not_loaded), sorted(not_loaded)[:4])
-        self.residency.mark_pushed(complete=not not_loaded)
+        # complete: every checkpoint tensor was sent (a fused qkv / gate_up counts as loaded after one shard) and
+        # every vLLM parameter was loaded
+        not_sent = sorted(self.expected_names - pushed) if self.expected_names is not None else []
+        not_loaded = sorted(self._param_names - loaded_total)
+        if (not_sent or not_loaded) and not self.residency.weights_current:
+            logger.warning("vllm: push left parameters unset: %s", (not_sent + not_loaded)[:6])
+        self.residency.mark_pushed(complete=not not_sent and not not_loaded)
