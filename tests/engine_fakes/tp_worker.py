@@ -21,7 +21,7 @@ def run_rank(rank: int, world: int, port: int, root: str) -> None:
     state = install_fake_sglang("0.5.23", os.path.join(root, f"dist{rank}"))
     engine = SGLangRolloutEngine(make_ctx(os.path.join(root, f"model{rank}"), rank=rank, world_size=world,
                                           tp_size=2, n_gpus_per_node=world))
-    # every rank holds its own full copy; rank r's copy is offset by 100 * r so the handles can be told apart
+    # every rank holds its own full copy; rank r's is offset by 16 * r (exact in bf16) to tell the handles apart
     engine.update_weights([(n, t + 16 * rank) for n, t in trainer_weights()])
     out = engine.generate(left_padded_prompts({"n": 2}))
     engine.sleep()
