@@ -53,7 +53,8 @@ def save(model, path: str) -> str:
 
 
 def run_cycle(engine_cls, tmp_path, rollout_overrides: dict) -> None:
-    """generate → sleep → wake weights → push a different model → wake KV → generate, against closed forms and HF."""
+    """generate → sleep → wake weights → push another model → wake KV → generate; checked against the closed
+    form and HF's generate."""
     from verlx.config.roles import RolloutConfig
     from verlx.protocol import DataProto
     from verlx.rollout.base import RolloutContext

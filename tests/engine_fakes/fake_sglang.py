@@ -35,7 +35,8 @@ def server_args_class(version: Version) -> type:
         extra = [("cuda_graph_max_bs_decode", None), ("cuda_graph_max_bs_prefill", None)]
         return msgspec.defstruct("ServerArgs", [(n, Any, d) for n, d in _BASE_FIELDS + extra], kw_only=True)
     extra = [("cuda_graph_max_bs", None)]
-    return dataclasses.make_dataclass("ServerArgs", [(n, Any, dataclasses.field(default=d)) for n, d in _BASE_FIELDS + extra])
+    fields = [(n, Any, dataclasses.field(default=d)) for n, d in _BASE_FIELDS + extra]
+    return dataclasses.make_dataclass("ServerArgs", fields)
 
 
 class MultiprocessingSerializer:

@@ -162,10 +162,8 @@ def _llm_class(state: FakeVLLM) -> type:
             state.calls.append(("LLM", dict(kwargs), {k: os.environ.get(k) for k in ENV_SEEN}))
             with open(os.path.join(kwargs["model"], "config.json")) as f:
                 self.model = FakeQwen2(tied=json.load(f).get("tie_word_embeddings", False))
-            runner = SimpleNamespace(model=self.model)
-            self.llm_engine = SimpleNamespace(
-                model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner)))
-            )
+            worker = SimpleNamespace(worker=SimpleNamespace(model_runner=SimpleNamespace(model=self.model)))
+            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
             self.sleeping: set[str] = set()
             state.llms.append(self)
 
@@ -178,9 +176,8 @@ def _llm_class(state: FakeVLLM) -> type:
             for i, p in enumerate(prompts):
                 completions = []
                 for s in range(sp["n"]):
-                    tokens, lps, reason = fake_completion(
-                        p["prompt_token_ids"], s, {"max_new_tokens": sp["max_tokens"], "stop_token_ids": sp["stop_token_ids"]}
-                    )
+                    rule = {"max_new_tokens": sp["max_tokens"], "stop_token_ids": sp["stop_token_ids"]}
+                    tokens, lps, reason = fake_completion(p["prompt_token_ids"], s, rule)
                     if sample in state.abort_samples:
                         reason = "abort"
                     logprobs = None

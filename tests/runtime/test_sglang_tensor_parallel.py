@@ -26,7 +26,8 @@ def test_two_groups_of_two(tmp_path):
         engine_call = lead["calls"][0]
         assert engine_call[0] == "Engine"
         kwargs = engine_call[1]
-        assert (kwargs["tp_size"], kwargs["base_gpu_id"], kwargs["nnodes"], kwargs["port"]) == (2, 0, 1, 30000 + 8 * leader)
+        placement = (kwargs["tp_size"], kwargs["base_gpu_id"], kwargs["nnodes"], kwargs["port"])
+        assert placement == (2, 0, 1, 30000 + 8 * leader)  # port block 16 per replica, replica = leader // 2
         assert kwargs["random_seed"] == 5 + leader // 2
         assert lead["engine_env"][0]["CUDA_VISIBLE_DEVICES"] == f"{leader},{peer}"
         assert [c[0] for c in lead["calls"][1:]] == [

@@ -27,7 +27,9 @@ def test_prompt_token_lists_strip_left_padding():
     assert prompt_token_lists(batch) == [[4, 5], [7, 8, 9, 3]]
 
 
-@pytest.mark.parametrize("mask", [[[1, 1, 0, 0], [1, 1, 1, 1]], [[0, 1, 1, 1], [0, 0, 0, 0]], [[0, 1, 1, 1], [1, 0, 1, 1]]])
+@pytest.mark.parametrize(
+    "mask", [[[1, 1, 0, 0], [1, 1, 1, 1]], [[0, 1, 1, 1], [0, 0, 0, 0]], [[0, 1, 1, 1], [1, 0, 1, 1]]]
+)
 def test_prompts_that_are_not_left_padded(mask):
     with pytest.raises(ValueError, match="not a non-empty left-padded sequence"):
         prompt_token_lists(prompts([[1, 2, 3, 4], [5, 6, 7, 8]], mask))

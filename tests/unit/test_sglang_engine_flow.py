@@ -68,7 +68,8 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
     }
     # what sglang.Engine() wrote into the caller is put back, and so is the multiprocessing start method
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:64"
-    for key in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"):
+    for key in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE",
+                "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"):
         assert key not in os.environ
 
 

@@ -34,7 +34,9 @@ def test_sampling_kwargs(params, want, expected):
 
 
 def completion(index, ids, reason="stop", logprobs=True, stop_reason=None):
-    lps = [{t: Logprob(-0.25 * (k + 1), 1, None), 99: Logprob(-9.0, 2, None)} for k, t in enumerate(ids)] if logprobs else None
+    lps = None
+    if logprobs:  # the sampled token plus one more entry, as with logprobs=1
+        lps = [{t: Logprob(-0.25 * (k + 1), 1, None), 99: Logprob(-9.0, 2, None)} for k, t in enumerate(ids)]
     return CompletionOutput(index, "", ids, None, lps, reason, stop_reason)
 
 
@@ -53,7 +55,8 @@ def test_parse_errors():
     with pytest.raises(EngineGenerationError, match="1 completions for prompt 0, expected n=2"):
         parse_vllm_outputs([RequestOutput("0", None, [1], None, [completion(0, [5])], True)], 2, False)
     with pytest.raises(EngineGenerationError, match="2 tokens but none log-prob entries"):
-        parse_vllm_outputs([RequestOutput("0", None, [1], None, [completion(0, [5, 6], logprobs=False)], True)], 1, True)
+        no_logprobs = completion(0, [5, 6], logprobs=False)
+        parse_vllm_outputs([RequestOutput("0", None, [1], None, [no_logprobs], True)], 1, True)
     missing = completion(0, [5, 6])
     missing.logprobs[1] = {99: Logprob(-1.0)}
     with pytest.raises(EngineGenerationError, match="no log-prob for sampled token 6"):

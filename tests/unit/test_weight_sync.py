@@ -99,7 +99,8 @@ def test_failed_status_raises_with_engine_names_and_message():
         "shape mismatch"
     )
     copy = pickle.loads(pickle.dumps(err))
-    assert (copy.engine, copy.names, copy.engine_message) == ("sglang", names, "Failed to update weights: shape mismatch")
+    message = "Failed to update weights: shape mismatch"
+    assert (copy.engine, copy.names, copy.engine_message) == ("sglang", names, message)
     with pytest.raises(WeightSyncError, match="returned no status"):
         check_update_status(None, "sglang", ["a"])
     check_update_status(None, "sglang", ["a"], required=False)

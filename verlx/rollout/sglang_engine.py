@@ -20,7 +20,7 @@ import torch
 
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, RolloutEngine, register_engine, resolve_sampling
-from verlx.rollout.engine_layout import engine_visible_devices, plan_engine_layout, DEFAULT_BASE_PORT
+from verlx.rollout.engine_layout import DEFAULT_BASE_PORT, engine_visible_devices, plan_engine_layout
 from verlx.rollout.engine_versions import check_engine_version
 from verlx.rollout.residency import WEIGHTS, EngineResidency
 from verlx.rollout.sglang_adapter import (
@@ -215,29 +215,27 @@ class SGLangRolloutEngine(RolloutEngine):
                 pushed.update(name for name, _ in bucket)
         finally:
             self._end_session()
-        self.tp.run_on_leader(
-            lambda: check_update_status(self._engine.flush_cache(), ENGINE, ["<flush_cache>"], required=False)
-        )
+        self._checked_call("flush_cache")
         missing = sorted(self.expected_names - pushed) if self.expected_names is not None else []
         if missing and not self.residency.weights_current:
-            logger.warning("sglang: push left %d parameters unset (%s...); generate will refuse", len(missing), missing[:4])
+            logger.warning("sglang: push left %d parameters unset (%s...)", len(missing), missing[:4])
         self.residency.mark_pushed(complete=not missing)
 
-    def _begin_session(self) -> None:
-        if not self.features.weight_update_session:
-            return
+    def _checked_call(self, method: str) -> None:
+        """Call an engine method on the leader; every rank raises unless it reports success (or returns nothing)."""
         self.tp.run_on_leader(
-            lambda: check_update_status(self._engine.begin_weight_update(), ENGINE, ["<begin_weight_update>"], required=False)
+            lambda: check_update_status(getattr(self._engine, method)(), ENGINE, [f"<{method}>"], required=False)
         )
-        self._session_open = True
+
+    def _begin_session(self) -> None:
+        if self.features.weight_update_session:
+            self._checked_call("begin_weight_update")
+            self._session_open = True
 
     def _end_session(self) -> None:
-        if not self._session_open:
-            return
-        self._session_open = False
-        self.tp.run_on_leader(
-            lambda: check_update_status(self._engine.end_weight_update(), ENGINE, ["<end_weight_update>"], required=False)
-        )
+        if self._session_open:
+            self._session_open = False
+            self._checked_call("end_weight_update")
 
     def _push_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         """One update_weights_from_tensor call; the bucket's tensors stay referenced until every rank knows the
@@ -250,7 +248,8 @@ class SGLangRolloutEngine(RolloutEngine):
         else:
             from sglang.srt.utils import MultiprocessingSerializer
 
-            handles = self.tp.gather_to_leader([(n, MultiprocessingSerializer.serialize(t.detach())) for n, t in bucket])
+            own = [(name, MultiprocessingSerializer.serialize(tensor.detach())) for name, tensor in bucket]
+            handles = self.tp.gather_to_leader(own)
             named = self._local_serialized(handles) if self.layout.is_leader else None
 
         def push():
