@@ -47,3 +47,23 @@ def test_choosing_an_uninstalled_engine_fails_with_the_install_command(name):
 
     with pytest.raises(RuntimeError, match=rf"needs the '{name}' package.*pip install 'verlx\[{name}\]'"):
         resolve_engine_name(name)
+
+
+def test_an_unsupported_release_fails_before_ray_and_auto_skips_it(tmp_path):
+    pytest.importorskip("verlx.rollout.hf_engine", reason="resolve_engine_name imports every built-in engine")
+    from engine_fakes.fake_sglang import install_fake_sglang
+    from verlx.rollout.base import resolve_engine_name
+    from verlx.rollout.engine_versions import UnsupportedEngineVersion
+
+    state = install_fake_sglang("0.6.1", str(tmp_path))
+    try:
+        with pytest.raises(UnsupportedEngineVersion, match=r"sglang 0\.6\.1 is not supported"):
+            resolve_engine_name("sglang")
+        assert resolve_engine_name("auto") != "sglang"
+    finally:
+        state.undo()
+    state = install_fake_sglang("0.5.23", str(tmp_path / "ok"))
+    try:
+        assert resolve_engine_name("sglang") == "sglang" == resolve_engine_name("auto")
+    finally:
+        state.undo()

@@ -78,6 +78,10 @@ class SGLangRolloutEngine(RolloutEngine):
         "e.g. 0.5.23 needs torch==2.14.1)."
     )
 
+    @classmethod
+    def check_install(cls) -> None:
+        check_engine_version("sglang")
+
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
         cfg = self.config

@@ -48,6 +48,10 @@ class VLLMRolloutEngine(RolloutEngine):
         "e.g. 0.33.0 needs torch==2.14.0)."
     )
 
+    @classmethod
+    def check_install(cls) -> None:
+        check_engine_version("vllm")
+
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
         cfg = self.config
