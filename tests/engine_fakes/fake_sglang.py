@@ -89,6 +89,7 @@ class FakeSGLang:
     fail_names: dict[str, str] = field(default_factory=dict)
     abort_samples: dict[int, str] = field(default_factory=dict)
     patch_calls: int = 0
+    start_error: str | None = None
     requires_session: bool = False
     undo: Any = None
 
@@ -100,6 +101,8 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
     class Engine:
         def __init__(self, **kwargs):
             server_args_cls(**kwargs)  # unknown keywords raise TypeError, like ServerArgs(**kwargs)
+            if state.start_error:
+                raise RuntimeError(state.start_error)
             state.calls.append(("Engine", dict(kwargs), {k: os.environ.get(k) for k in ENV_SEEN}))
             os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
             os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")

@@ -44,3 +44,20 @@ def run_rank(rank: int, world: int, port: int, root: str) -> None:
     with open(os.path.join(root, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(record, f)
     dist.destroy_process_group()
+
+
+def start_fails_on_leader(rank: int, world: int, port: int, root: str) -> None:
+    from verlx.rollout.sglang_engine import SGLangRolloutEngine
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    state = install_fake_sglang("0.5.23", os.path.join(root, f"dist{rank}"))
+    state.start_error = "Rank 0 scheduler died during initialization (exit code: -9)"
+    try:
+        SGLangRolloutEngine(make_ctx(os.path.join(root, f"model{rank}"), rank=rank, world_size=world, tp_size=2))
+        message = None
+    except RuntimeError as e:
+        message = str(e)
+    with open(os.path.join(root, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(message, f)
+    dist.destroy_process_group()

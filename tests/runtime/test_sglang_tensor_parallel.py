@@ -11,14 +11,17 @@ import socket
 import torch.multiprocessing as mp
 
 from engine_fakes.contexts import SHAPES
-from engine_fakes.tp_worker import run_rank
+from engine_fakes.tp_worker import run_rank, start_fails_on_leader
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_two_groups_of_two(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(run_rank, args=(4, port, str(tmp_path)), nprocs=4, join=True)
+    mp.spawn(run_rank, args=(4, free_port(), str(tmp_path)), nprocs=4, join=True)
     records = [pickle.load(open(os.path.join(tmp_path, f"rank{r}.pkl"), "rb")) for r in range(4)]
     for leader, peer in ((0, 1), (2, 3)):
         lead, other = records[leader], records[peer]
@@ -52,3 +55,13 @@ def _all(nested, value) -> bool:
     if isinstance(nested, list):
         return all(_all(x, value) for x in nested)
     return nested == value
+
+
+def test_a_failed_start_on_the_leader_raises_on_the_peer_too(tmp_path):
+    mp.spawn(start_fails_on_leader, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    leader, peer = (pickle.load(open(os.path.join(tmp_path, f"rank{r}.pkl"), "rb")) for r in range(2))
+    assert leader == "Rank 0 scheduler died during initialization (exit code: -9)"
+    assert peer == (
+        "sglang engine start failed on a tensor-parallel peer: "
+        "['rank 0: Rank 0 scheduler died during initialization (exit code: -9)']"
+    )

@@ -50,10 +50,6 @@ class EngineLayout:
         return self.rank // self.tp_size
 
     @property
-    def dp_size(self) -> int:
-        return self.world_size // self.tp_size
-
-    @property
     def leader_rank(self) -> int:
         return self.group_ranks[0]
 
@@ -64,10 +60,6 @@ class EngineLayout:
     @property
     def node_rank(self) -> int:
         return self.rank // self.n_gpus_per_node
-
-    @property
-    def local_rank(self) -> int:
-        return self.rank % self.n_gpus_per_node
 
     @property
     def needs_dist_init_addr(self) -> bool:

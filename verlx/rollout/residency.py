@@ -29,10 +29,6 @@ class EngineResidency:
     def asleep(self) -> bool:
         return not self.resident
 
-    def to_release(self) -> list[str]:
-        """Tags still resident, in release order (KV cache first)."""
-        return [t for t in reversed(WAKE_ORDER) if t in self.resident]
-
     def mark_released(self) -> None:
         self.resident.clear()
         if not self.weights_survive_release:

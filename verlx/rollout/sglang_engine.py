@@ -109,25 +109,39 @@ class SGLangRolloutEngine(RolloutEngine):
         self.residency = EngineResidency(
             ENGINE, weights_current=not cfg.load_format.startswith("dummy"), weights_survive_release=cpu_backup
         )
-        peers = self.tp.all_gather((_node_ip(), os.environ.get("CUDA_VISIBLE_DEVICES")))
-        visible, base_gpu_id = engine_visible_devices(self.layout, [devices for _, devices in peers])
-        dist_init_addr = (
-            _host_port(peers[0][0], self.layout.dist_init_port) if self.layout.needs_dist_init_addr else None
-        )
-        self.server_args = build_server_args(
-            ctx,
-            self.layout,
-            field_names,
-            base_gpu_id=base_gpu_id,
-            dist_init_addr=dist_init_addr,
-            weights_cpu_backup=cpu_backup,
-        )
-        self._engine = self._launch(visible) if self.layout.launches_engine else None
+        self._engine = None
+        self._start(field_names, cpu_backup)
         self._kv_stage_tags = self.tp.run_on_leader(self._non_weight_tags)
-        self.tp.all_gather(None)  # every node's engine of the group is up before the group is used
         self._session_open = False
 
     # ------------------------------------------------------------------ construction
+    def _start(self, field_names: frozenset[str], cpu_backup: bool) -> None:
+        """Place and start this group's engines; a failure on any rank of the group raises on all of them."""
+        peers = self.tp.all_gather((_node_ip(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        error = None
+        try:
+            visible, base_gpu_id = engine_visible_devices(self.layout, [devices for _, devices in peers])
+            dist_init_addr = (
+                _host_port(peers[0][0], self.layout.dist_init_port) if self.layout.needs_dist_init_addr else None
+            )
+            self.server_args = build_server_args(
+                self.ctx,
+                self.layout,
+                field_names,
+                base_gpu_id=base_gpu_id,
+                dist_init_addr=dist_init_addr,
+                weights_cpu_backup=cpu_backup,
+            )
+            if self.layout.launches_engine:
+                self._engine = self._launch(visible)
+        except Exception as e:
+            error = e
+        failures = [f for f in self.tp.all_gather(None if error is None else f"rank {self.ctx.rank}: {error}") if f]
+        if error is not None:
+            raise error
+        if failures:
+            raise RuntimeError(f"sglang engine start failed on a tensor-parallel peer: {failures}")
+
     def _launch(self, visible_devices: str | None):
         """sglang.Engine() with the environment its spawned processes need; the trainer's own is put back."""
         env: dict[str, str | None] = dict(self.features.construction_env())
