@@ -237,3 +237,15 @@ def _kwargs(**engines):
     from verlx.config.roles import EngineKwargs
 
     return EngineKwargs(**engines)
+
+
+def test_buckets_follow_update_weights_bucket_megabytes(fake, tmp_path):
+    state = fake("0.5.23")
+    engine = build(tmp_path, load_format="auto", update_weights_bucket_megabytes=1)
+    # in bf16: a, b = 600,000 bytes each, c = 20 bytes; 1 MiB = 1,048,576 bytes -> buckets [a], [b, c]
+    engine.update_weights([("a", torch.zeros(300_000)), ("b", torch.zeros(300_000)), ("c", torch.zeros(10))])
+    updates = [c for c in state.calls if c[0] == "update_weights_from_tensor"]
+    assert updates == [("update_weights_from_tensor", ["a"], None, False),
+                       ("update_weights_from_tensor", ["b", "c"], None, False)]
+    assert state.names()[1:] == ["begin_weight_update", "update_weights_from_tensor", "update_weights_from_tensor",
+                                 "end_weight_update", "flush_cache"]
