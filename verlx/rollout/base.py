@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import importlib.util
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -17,6 +18,7 @@ import torch
 from verlx.protocol import DataProto
 from verlx.utils.registry import Registry
 
+logger = logging.getLogger(__name__)
 ROLLOUT_ENGINES: Registry[type["RolloutEngine"]] = Registry("rollout engine", "actor_rollout_ref.rollout.name")
 # `auto` tries these in order and takes the first whose package is installed.
 AUTO_ENGINE_ORDER = ("sglang", "vllm", "native")
@@ -38,6 +40,16 @@ class RolloutContext:
     tp_size: int = 1
     trust_remote_code: bool = False
     tokenizer_path: str | None = None
+    #: worker processes (GPUs) per node, trainer.n_gpus_per_node; None: every rank on one node
+    n_gpus_per_node: int | None = None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.n_gpus_per_node or self.world_size
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size // self.gpus_per_node
 
     @property
     def tp_rank(self) -> int:
@@ -123,6 +135,10 @@ class RolloutEngine(abc.ABC):
     def is_available(cls) -> bool:
         return cls.requires_package is None or importlib.util.find_spec(cls.requires_package) is not None
 
+    @classmethod
+    def check_install(cls) -> None:
+        """Raise if the installed package cannot be used (e.g. an unsupported release); runs before Ray starts."""
+
     @abc.abstractmethod
     def generate(self, prompts: DataProto) -> DataProto:
         """Left-padded prompts (input_ids, attention_mask, position_ids) → the rollout batch layout."""
@@ -150,6 +166,11 @@ def resolve_engine_name(name: str) -> str:
     if name == "auto":
         for candidate in AUTO_ENGINE_ORDER:
             if candidate in ROLLOUT_ENGINES and ROLLOUT_ENGINES.get(candidate).is_available():
+                try:
+                    ROLLOUT_ENGINES.get(candidate).check_install()
+                except Exception as e:  # an installed but unusable engine: try the next one
+                    logger.warning("rollout.name=auto skips %s: %s", candidate, e)
+                    continue
                 return candidate
         return "hf"
     cls = ROLLOUT_ENGINES.get(name)
@@ -158,6 +179,7 @@ def resolve_engine_name(name: str) -> str:
             f"actor_rollout_ref.rollout.name={name} needs the '{cls.requires_package}' package, which is not "
             f"installed. {cls.install_hint} Or choose rollout.name=native, which needs nothing beyond torch."
         )
+    cls.check_install()
     return name
 
 

@@ -1,13 +1,39 @@
-"""Moving trainer weights into an engine: HF names, engine dtype, bounded buckets."""
+"""Moving trainer weights into an engine: HF names, engine dtype, bounded buckets, checked statuses."""
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+import json
+import os
+from typing import Any, Iterable, Iterator
 
 import torch
 
 # Wrapper prefixes that FSDP, torch.compile, activation checkpointing and PEFT put into parameter names.
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
+# Checkpoint entries that are buffers, not parameters: no trainer pushes them.
+_NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+
+
+class WeightSyncError(RuntimeError):
+    """An engine reported that it did not take a weight update."""
+
+    def __init__(self, engine: str, names: list[str], message: str):
+        self.engine, self.names, self.engine_message = engine, list(names), message
+        shown = ", ".join(self.names[:8]) + (f", ... ({len(self.names)} in all)" if len(self.names) > 8 else "")
+        super().__init__(f"{engine} rejected the weight update of [{shown}]: {message}")
+
+    def __reduce__(self):
+        return WeightSyncError, (self.engine, self.names, self.engine_message)
 
 
 def hf_param_name(name: str) -> str:
@@ -17,15 +43,36 @@ def hf_param_name(name: str) -> str:
     return name
 
 
+def engine_dtype(name: str) -> torch.dtype:
+    """torch dtype of a rollout.dtype string."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"actor_rollout_ref.rollout.dtype={name!r} is not one of {sorted(_DTYPES)}") from None
+
+
 def iter_engine_weights(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None, tie_word_embeddings: bool
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype | None,
+    tie_word_embeddings: bool,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named tensors in the engine dtype; lm_head dropped when it is tied to the embeddings."""
+    """HF-named full tensors in the engine dtype (and on `device`); lm_head dropped when tied to the embeddings.
+
+    Sharded (DTensor) parameters are gathered one at a time with full_tensor(), a collective: every rank must
+    iterate the same parameters in the same order, and the tied lm_head is skipped before gathering on all ranks.
+    """
     for name, tensor in named_tensors:
         name = hf_param_name(name)
         if tie_word_embeddings and name == "lm_head.weight":
             continue
-        yield name, (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor)
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        if device is not None:
+            tensor = tensor.to(device, non_blocking=True)
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        yield name, tensor
 
 
 def iter_buckets(
@@ -45,3 +92,66 @@ def iter_buckets(
         size += nbytes
     if bucket:
         yield bucket
+
+
+def bucket_bytes_of(config) -> int:
+    """rollout.update_weights_bucket_megabytes in bytes."""
+    megabytes = int(config.update_weights_bucket_megabytes)
+    if megabytes <= 0:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.update_weights_bucket_megabytes={megabytes} must be positive"
+        )
+    return megabytes << 20
+
+
+def update_status(result: Any) -> tuple[bool, str] | None:
+    """(success, message) from the shapes engines return: a (success, message) pair, a dict or an object with
+    `success` / `message`, or a bare bool. None when the call returned nothing."""
+    if result is None:
+        return None
+    if isinstance(result, bool):
+        return result, ""
+    if isinstance(result, (tuple, list)) and len(result) >= 1 and isinstance(result[0], bool):
+        return result[0], str(result[1]) if len(result) > 1 else ""
+    if isinstance(result, dict) and "success" in result:
+        return bool(result["success"]), str(result.get("message", ""))
+    if hasattr(result, "success"):
+        return bool(result.success), str(getattr(result, "message", ""))
+    raise TypeError(f"unrecognised engine status {result!r}")
+
+
+def check_update_status(result: Any, engine: str, names: list[str], *, required: bool = True) -> None:
+    """Raise WeightSyncError unless the engine reported success (a call that returned nothing passes only when a
+    status is not `required`)."""
+    status = update_status(result)
+    if status is None:
+        if required:
+            raise WeightSyncError(engine, names, "the engine returned no status")
+        return
+    success, message = status
+    if not success:
+        raise WeightSyncError(engine, names, message or "the engine reported failure without a message")
+
+
+def checkpoint_tensor_names(model_path: str) -> frozenset[str] | None:
+    """Parameter names stored in an HF safetensors checkpoint (read from headers only), None when unknown."""
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            names = set(json.load(f)["weight_map"])
+    elif os.path.isfile(os.path.join(model_path, "model.safetensors")):
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(model_path, "model.safetensors"), framework="pt") as f:
+            names = set(f.keys())
+    else:
+        return None
+    return frozenset(n for n in names if not n.endswith(_NON_PARAMETER_SUFFIXES))
+
+
+def expected_push_names(model_path: str, tie_word_embeddings: bool) -> frozenset[str] | None:
+    """The HF names a full weight push must cover (lm_head excluded when tied)."""
+    names = checkpoint_tensor_names(model_path)
+    if names is None:
+        return None
+    return names - {"lm_head.weight"} if tie_word_embeddings else names

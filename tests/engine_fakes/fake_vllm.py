@@ -1,0 +1,224 @@
+"""A recording stand-in for vllm's in-process LLM API (0.11–0.33 as documented in
+/work/shared/reference/engine-apis.md): EngineArgs validation, SamplingParams (max_tokens defaults to 16),
+TokensPrompt, RequestOutput / CompletionOutput / Logprob, sleep levels, wake_up's "fully awake" answer, and a
+model whose load_weights fuses q/k/v and gate/up like vLLM's and reports the vLLM names it loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, TypedDict
+
+import torch
+from torch import nn
+
+from engine_fakes._install import install, module
+from engine_fakes.fake_sglang import fake_completion
+
+ENV_SEEN = ("LOCAL_RANK", "VLLM_ENABLE_V1_MULTIPROCESSING", "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+# shard -> (fused parameter, row offset, rows) for the 4-wide model of engine_fakes.contexts
+SHARDS = {"q_proj": ("qkv_proj", 0, 4), "k_proj": ("qkv_proj", 4, 2), "v_proj": ("qkv_proj", 6, 2),
+          "gate_proj": ("gate_up_proj", 0, 6), "up_proj": ("gate_up_proj", 6, 6)}
+VLLM_SHAPES = {
+    "model.embed_tokens.weight": (8, 4),
+    "model.layers.0.input_layernorm.weight": (4,),
+    "model.layers.0.self_attn.qkv_proj.weight": (8, 4),
+    "model.layers.0.self_attn.o_proj.weight": (4, 4),
+    "model.layers.0.post_attention_layernorm.weight": (4,),
+    "model.layers.0.mlp.gate_up_proj.weight": (12, 4),
+    "model.layers.0.mlp.down_proj.weight": (4, 6),
+    "model.norm.weight": (4,),
+    "lm_head.weight": (8, 4),
+}
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    prompt_logprobs: Any
+    outputs: list[CompletionOutput]
+    finished: bool
+
+
+class TokensPrompt(TypedDict):
+    prompt_token_ids: list[int]
+
+
+class SamplingParams:
+    def __init__(self, n=1, max_tokens=16, min_tokens=0, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=None,
+                 stop_token_ids=None, ignore_eos=False, logprobs=None, detokenize=True, skip_special_tokens=True):
+        self.kwargs = dict(n=n, max_tokens=max_tokens, min_tokens=min_tokens, temperature=temperature, top_p=top_p,
+                           top_k=top_k, seed=seed, stop=stop, stop_token_ids=stop_token_ids or [],
+                           ignore_eos=ignore_eos, logprobs=logprobs, detokenize=detokenize,
+                           skip_special_tokens=skip_special_tokens)
+
+
+@dataclass
+class EngineArgs:
+    model: str = ""
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    enable_sleep_mode: bool = False
+    load_format: str = "auto"
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+    disable_log_stats: bool = False
+    disable_custom_all_reduce: bool = False
+    seed: int | None = 0
+    logprobs_mode: str = "raw_logprobs"
+    max_logprobs: int = 20
+    sleep_mode_offload_cudagraph: bool = False
+
+
+class FakeQwen2(nn.Module):
+    packed_modules_mapping = PACKED
+
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.tied = tied
+        for name, shape in VLLM_SHAPES.items():
+            if tied and name == "lm_head.weight":
+                continue
+            *path, leaf = name.split(".")
+            owner = self
+            for part in path:
+                if not hasattr(owner, part):
+                    owner.add_module(part, nn.Module())
+                owner = getattr(owner, part)
+            owner.register_parameter(leaf, nn.Parameter(torch.zeros(shape, dtype=torch.bfloat16), requires_grad=False))
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        weights = list(weights)
+        if self.tied and any(n == "lm_head.weight" for n, _ in weights):
+            raise ValueError("lm_head.weight given for a model with tie_word_embeddings")
+        loaded = set()
+        for name, tensor in weights:
+            parts = name.split(".")
+            shard = next((p for p in parts if p in SHARDS), None)
+            if shard is not None:
+                fused, offset, rows = SHARDS[shard]
+                target = ".".join(fused if p == shard else p for p in parts)
+                params[target].data[offset:offset + rows].copy_(tensor)
+                loaded.add(target)
+            elif name in params:
+                params[name].data.copy_(tensor)
+                loaded.add(name)
+            # any other name is skipped without a word, as vLLM's loaders do for names they do not know
+        return loaded
+
+
+@dataclass
+class FakeVLLM:
+    version: str
+    calls: list[tuple] = field(default_factory=list)
+    llms: list[Any] = field(default_factory=list)
+    abort_samples: dict[int, str] = field(default_factory=dict)
+    reset_answer: bool = True
+    stays_asleep: bool = False
+    undo: Any = None
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+def _llm_class(state: FakeVLLM) -> type:
+    class LLM:
+        def __init__(self, **kwargs):
+            EngineArgs(**kwargs)  # unknown keywords raise TypeError, like EngineArgs(**kwargs)
+            state.calls.append(("LLM", dict(kwargs), {k: os.environ.get(k) for k in ENV_SEEN}))
+            with open(os.path.join(kwargs["model"], "config.json")) as f:
+                self.model = FakeQwen2(tied=json.load(f).get("tie_word_embeddings", False))
+            worker = SimpleNamespace(worker=SimpleNamespace(model_runner=SimpleNamespace(model=self.model)))
+            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+            self.sleeping: set[str] = set()
+            state.llms.append(self)
+
+        def generate(self, prompts, sampling_params=None, use_tqdm=True):
+            sp = sampling_params.kwargs
+            state.calls.append(("generate", [list(p["prompt_token_ids"]) for p in prompts], dict(sp)))
+            if self.sleeping:
+                raise RuntimeError(f"generate while {sorted(self.sleeping)} sleep")
+            results, sample = [], 0
+            for i, p in enumerate(prompts):
+                completions = []
+                for s in range(sp["n"]):
+                    rule = {"max_new_tokens": sp["max_tokens"], "stop_token_ids": sp["stop_token_ids"]}
+                    tokens, lps, reason = fake_completion(p["prompt_token_ids"], s, rule)
+                    if sample in state.abort_samples:
+                        reason = "abort"
+                    logprobs = None
+                    if sp["logprobs"] is not None:
+                        logprobs = [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)]
+                    completions.append(CompletionOutput(s, "", tokens, sum(lps), logprobs, reason,
+                                                        state.abort_samples.get(sample)))
+                    sample += 1
+                # the order of `outputs` is not promised; `index` is
+                results.append(RequestOutput(str(i), None, list(p["prompt_token_ids"]), None, completions[::-1], True))
+            return results
+
+        def sleep(self, level=1):
+            state.calls.append(("sleep", level))
+            self.sleeping = {"weights", "kv_cache"}
+            if level == 2:
+                for param in self.model.parameters():
+                    param.data.fill_(float("nan"))
+
+        def wake_up(self, tags=None):
+            tags = ["weights", "kv_cache"] if tags is None else list(tags)
+            state.calls.append(("wake_up", tags))
+            self.sleeping.difference_update(tags)
+            return not self.sleeping and not state.stays_asleep
+
+        def reset_prefix_cache(self):
+            state.calls.append(("reset_prefix_cache",))
+            return state.reset_answer
+
+    return LLM
+
+
+def install_fake_vllm(version: str, dist_dir: str) -> FakeVLLM:
+    state = FakeVLLM(version)
+    modules = {
+        "vllm": module("vllm", LLM=_llm_class(state), SamplingParams=SamplingParams, EngineArgs=EngineArgs,
+                       __version__=version),
+        "vllm.inputs": module("vllm.inputs", TokensPrompt=TokensPrompt),
+        "vllm.outputs": module("vllm.outputs", RequestOutput=RequestOutput, CompletionOutput=CompletionOutput),
+        "vllm.logprobs": module("vllm.logprobs", Logprob=Logprob),
+    }
+    assert dataclasses.is_dataclass(EngineArgs)
+    state.undo = install("vllm", version, modules, dist_dir)
+    return state

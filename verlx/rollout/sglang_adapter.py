@@ -1,0 +1,206 @@
+"""SGLang's side of the rollout contract, as pure functions: Engine arguments, sampling parameters, output parsing.
+
+Kept apart from the engine class so every mapping is checked on machines without SGLang. Facts follow the
+documented sglang 0.5.9–0.5.23 in-process API (docs/rollout.md lists them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.version import Version
+
+from verlx.rollout.base import RolloutContext, SamplingParams
+from verlx.rollout.engine_layout import EngineLayout
+from verlx.rollout.engine_versions import at_least
+from verlx.rollout.token_io import EngineGenerationError, GenerationResult, require_finished
+from verlx.utils.registry import did_you_mean
+
+logger = logging.getLogger(__name__)
+
+ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang"
+#: Engine arguments verlx derives from the mesh and the sleep cycle; overriding them breaks placement or sync.
+MANAGED_SERVER_ARGS = frozenset(
+    {
+        "model_path",
+        "skip_tokenizer_init",
+        "enable_memory_saver",
+        "enable_weights_cpu_backup",
+        "tp_size",
+        "dp_size",
+        "base_gpu_id",
+        "gpu_id_step",
+        "nnodes",
+        "node_rank",
+        "dist_init_addr",
+        "port",
+        "nccl_port",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SGLangFeatures:
+    """Release-dependent behaviour of the SGLang API."""
+
+    version: Version
+
+    @property
+    def msgspec_server_args(self) -> bool:
+        """ServerArgs is a msgspec Struct from 0.5.20 (a dataclass before)."""
+        return at_least(self.version, "0.5.20")
+
+    @property
+    def weight_update_session(self) -> bool:
+        """From 0.5.21 a weight update outside begin/end_weight_update returns (False, msg) without raising."""
+        return at_least(self.version, "0.5.21")
+
+    def construction_env(self) -> dict[str, str]:
+        """Environment the Engine (and the processes it spawns) must see while it is built."""
+        return {
+            # Colocated trainers hold different amounts of memory per GPU; SGLang's TP balance check would abort.
+            # From 0.5.9 only this name is read (the old SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK is ignored).
+            "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false",
+            # Non-zero nodes of a multi-node group must return from Engine() instead of blocking the worker.
+            "SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0",
+            # torch_memory_saver and NCCL graph buffer registration do not mix.
+            "NCCL_GRAPH_REGISTER": "0",
+        }
+
+
+def server_arg_names(server_args_cls: type, features: SGLangFeatures) -> frozenset[str]:
+    """Field names of sglang's ServerArgs: msgspec fields on 0.5.20+, dataclass fields before."""
+    if features.msgspec_server_args:
+        import msgspec
+
+        return frozenset(f.name for f in msgspec.structs.fields(server_args_cls))
+    return frozenset(f.name for f in dataclasses.fields(server_args_cls))
+
+
+def _dtype_arg(dtype: str) -> str:
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype)
+
+
+def build_server_args(
+    ctx: RolloutContext,
+    layout: EngineLayout,
+    field_names: frozenset[str],
+    *,
+    base_gpu_id: int,
+    dist_init_addr: str | None,
+    weights_cpu_backup: bool,
+) -> dict[str, Any]:
+    """Keyword arguments of sglang.Engine for this rank's engine; user engine_kwargs are checked against
+    ServerArgs and may not override what the mesh decides."""
+    cfg = ctx.config
+    ours: dict[str, Any] = dict(
+        model_path=ctx.model_path,
+        tokenizer_path=ctx.tokenizer_path or ctx.model_path,
+        skip_tokenizer_init=True,
+        trust_remote_code=ctx.trust_remote_code,
+        dtype=_dtype_arg(cfg.dtype),
+        load_format="dummy" if cfg.load_format.startswith("dummy") else cfg.load_format,
+        mem_fraction_static=cfg.gpu_memory_utilization,
+        enable_memory_saver=True,
+        enable_weights_cpu_backup=weights_cpu_backup,
+        tp_size=layout.tp_size,
+        dp_size=1,
+        base_gpu_id=base_gpu_id,
+        gpu_id_step=layout.gpu_id_step,
+        nnodes=layout.engine_nnodes,
+        node_rank=layout.engine_node_rank,
+        dist_init_addr=dist_init_addr,
+        port=layout.port,
+        nccl_port=layout.nccl_port,
+        random_seed=cfg.seed + layout.dp_rank,
+        context_length=cfg.max_model_len or cfg.prompt_length + cfg.response_length,
+        max_running_requests=cfg.max_num_seqs,
+        chunked_prefill_size=cfg.max_num_batched_tokens if cfg.enable_chunked_prefill else -1,
+        disable_cuda_graph=cfg.enforce_eager,
+        disable_radix_cache=not cfg.enable_prefix_caching,
+        log_level="error",
+    )
+    dropped = sorted(k for k in ours if k not in field_names)
+    if dropped:
+        logger.info("sglang ServerArgs of this release lacks %s; not passing them", dropped)
+    args = {k: v for k, v in ours.items() if k in field_names}
+    user = {k: v for k, v in dict(cfg.engine_kwargs.sglang or {}).items() if v is not None}
+    for key in user:
+        if key in MANAGED_SERVER_ARGS:
+            raise ValueError(
+                f"{ENGINE_KWARGS_KEY}.{key} is set by verlx from the worker mesh and the sleep cycle; remove it "
+                f"(use rollout.tensor_model_parallel_size / rollout.sleep_level instead)"
+            )
+        if key not in field_names:
+            raise ValueError(
+                f"{ENGINE_KWARGS_KEY}.{key} is not an argument of sglang.Engine (ServerArgs) in this release."
+                + did_you_mean(key, field_names)
+            )
+    args.update(user)
+    return args
+
+
+def sglang_sampling_params(params: SamplingParams) -> dict[str, Any]:
+    """SamplingParams → SGLang's sampling_params dict.
+
+    Greedy is temperature 0 with top_p 1 and top_k -1 (all); top_k 0 also means all (SGLang only accepts -1).
+    stop_token_ids are the EOS ids, so ignore_eos drops them too (SGLang would otherwise stop on them anyway).
+    no_stop_trim keeps the stop token in output_ids: the response mask includes it.
+    """
+    greedy = params.greedy
+    out: dict[str, Any] = dict(
+        n=params.n,
+        max_new_tokens=params.max_new_tokens,
+        min_new_tokens=params.min_new_tokens,
+        temperature=0.0 if greedy else float(params.temperature),
+        top_p=1.0 if greedy else float(params.top_p),
+        top_k=-1 if greedy or params.top_k <= 0 else int(params.top_k),
+        ignore_eos=params.ignore_eos,
+        stop_token_ids=[] if params.ignore_eos else [int(t) for t in params.stop_token_ids],
+        no_stop_trim=True,
+        skip_special_tokens=False,
+    )
+    if params.seed is not None and not greedy:
+        out["sampling_seed"] = int(params.seed)
+    return out
+
+
+def _finish_reason(meta: dict) -> tuple[str, str]:
+    reason = meta.get("finish_reason")
+    if isinstance(reason, dict):
+        return str(reason.get("type")), str(reason.get("message") or "")
+    return str(reason), ""
+
+
+def parse_sglang_outputs(outputs: list[dict] | dict, n_samples: int, want_log_probs: bool) -> GenerationResult:
+    """Engine.generate outputs (grouped per prompt when n > 1) → GenerationResult; an aborted sample raises.
+
+    Each output: {"output_ids": [...], "meta_info": {"finish_reason": {"type": ...}, "output_token_logprobs":
+    [(logprob, token_id, text|None), ...]}}; the log-prob entries must name the same tokens as output_ids.
+    """
+    if isinstance(outputs, dict):
+        outputs = [outputs]
+    if len(outputs) != n_samples:
+        raise EngineGenerationError(f"sglang returned {len(outputs)} outputs for {n_samples} requested samples")
+    token_ids, log_probs, reasons = [], [] if want_log_probs else None, []
+    for i, out in enumerate(outputs):
+        meta = out["meta_info"]
+        reason, message = _finish_reason(meta)
+        require_finished("sglang", i, reason, message)
+        ids = [int(t) for t in out["output_ids"]]
+        if want_log_probs:
+            entries = meta.get("output_token_logprobs")
+            if entries is None:
+                raise EngineGenerationError(f"sglang output {i} has no meta_info.output_token_logprobs")
+            if [int(e[1]) for e in entries] != ids:
+                raise EngineGenerationError(
+                    f"sglang output {i}: output_token_logprobs name tokens {[e[1] for e in entries][:8]}... but "
+                    f"output_ids are {ids[:8]}..."
+                )
+            log_probs.append([float(e[0]) for e in entries])
+        token_ids.append(ids)
+        reasons.append(reason)
+    return GenerationResult(token_ids, log_probs, reasons)

@@ -1,0 +1,294 @@
+"""`rollout.name=sglang`: an in-process SGLang Engine per tensor-parallel group of the worker mesh.
+
+Per group, the first rank on each node builds a `sglang.Engine` whose scheduler processes sit on the group's GPUs
+of that node; tp_rank 0 (the leader) drives it: generate, release/resume memory, weight updates. Every rank of a
+group receives the same prompts (the worker's dispatch info says so); the leader generates and hands the result
+to its peers, so every rank returns the same batch. Weights travel by CUDA IPC: each rank serialises a handle to
+its own full copy of a tensor, the leader gathers the handles and SGLang's TP rank i opens handle i on its GPU.
+sglang is imported only inside methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import socket
+from typing import Iterable
+
+import torch
+
+from verlx.protocol import DataProto
+from verlx.rollout.base import RolloutContext, RolloutEngine, register_engine, resolve_sampling
+from verlx.rollout.engine_layout import DEFAULT_BASE_PORT, engine_visible_devices, plan_engine_layout
+from verlx.rollout.engine_versions import check_engine_version
+from verlx.rollout.residency import WEIGHTS, EngineResidency
+from verlx.rollout.sglang_adapter import (
+    SGLangFeatures,
+    build_server_args,
+    parse_sglang_outputs,
+    server_arg_names,
+    sglang_sampling_params,
+)
+from verlx.rollout.token_io import prompt_token_lists, rollout_batch_from_result
+from verlx.rollout.tp_group import TensorParallelGroup
+from verlx.rollout.weight_sync import (
+    bucket_bytes_of,
+    check_update_status,
+    engine_dtype,
+    expected_push_names,
+    iter_buckets,
+    iter_engine_weights,
+)
+from verlx.utils.environ import scoped_environ
+from verlx.utils.memory import ALLOC_CONF_ENV, alloc_conf_without_expandable_segments, set_expandable_segments
+
+logger = logging.getLogger(__name__)
+ENGINE = "sglang"
+#: variables sglang.Engine() writes into the caller's environment; put back so the trainer keeps its own
+_ENGINE_WRITES_ENV = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS")
+
+
+def _node_ip() -> str:
+    import ray
+
+    if ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _monkey_patch_torch_reductions() -> None:
+    """SGLang's CUDA-IPC pickling fix (device by UUID); the module moved into sglang.srt.utils in 0.5.x."""
+    try:
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+    except ImportError:
+        from sglang.srt.patch_torch import monkey_patch_torch_reductions
+    monkey_patch_torch_reductions()
+
+
+@register_engine("sglang")
+class SGLangRolloutEngine(RolloutEngine):
+    requires_package = "sglang"
+    install_hint = (
+        "Install it with: pip install 'verlx[sglang]' (sglang>=0.5.9,<0.6; each sglang release pins its own torch, "
+        "e.g. 0.5.23 needs torch==2.14.1)."
+    )
+
+    @classmethod
+    def check_install(cls) -> None:
+        check_engine_version("sglang")
+
+    def __init__(self, ctx: RolloutContext):
+        super().__init__(ctx)
+        cfg = self.config
+        if cfg.sleep_level not in (1, 2):
+            raise ValueError(f"actor_rollout_ref.rollout.sleep_level={cfg.sleep_level} must be 1 or 2")
+        self.features = SGLangFeatures(check_engine_version("sglang"))
+        self.layout = plan_engine_layout(
+            ctx.rank,
+            ctx.world_size,
+            ctx.tp_size,
+            ctx.gpus_per_node,
+            ctx.nnodes,
+            int(os.environ.get("VERLX_ROLLOUT_BASE_PORT", DEFAULT_BASE_PORT)),
+        )
+        self.tp = TensorParallelGroup.create(self.layout)
+        self.tie_word_embeddings = bool(getattr(ctx.hf_config, "tie_word_embeddings", False))
+        self.expected_names = expected_push_names(ctx.model_path, self.tie_word_embeddings)
+
+        from sglang.srt.server_args import ServerArgs
+
+        field_names = server_arg_names(ServerArgs, self.features)
+        # Level 1 keeps a CPU copy of the weights across release; level 2 (or a release without the option)
+        # discards them, and the next generate needs a complete push.
+        cpu_backup = cfg.sleep_level == 1 and "enable_weights_cpu_backup" in field_names
+        self.residency = EngineResidency(
+            ENGINE, weights_current=not cfg.load_format.startswith("dummy"), weights_survive_release=cpu_backup
+        )
+        self._engine = None
+        self._start(field_names, cpu_backup)
+        self._kv_stage_tags = self.tp.run_on_leader(self._non_weight_tags)
+        self._session_open = False
+
+    # ------------------------------------------------------------------ construction
+    def _start(self, field_names: frozenset[str], cpu_backup: bool) -> None:
+        """Place and start this group's engines; a failure on any rank of the group raises on all of them."""
+        peers = self.tp.all_gather((_node_ip(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        error = None
+        try:
+            visible, base_gpu_id = engine_visible_devices(self.layout, [devices for _, devices in peers])
+            dist_init_addr = (
+                _host_port(peers[0][0], self.layout.dist_init_port) if self.layout.needs_dist_init_addr else None
+            )
+            self.server_args = build_server_args(
+                self.ctx,
+                self.layout,
+                field_names,
+                base_gpu_id=base_gpu_id,
+                dist_init_addr=dist_init_addr,
+                weights_cpu_backup=cpu_backup,
+            )
+            if self.layout.launches_engine:
+                self._engine = self._launch(visible)
+        except Exception as e:
+            error = e
+        failures = [f for f in self.tp.all_gather(None if error is None else f"rank {self.ctx.rank}: {error}") if f]
+        if error is not None:
+            raise error
+        if failures:
+            raise RuntimeError(f"sglang engine start failed on a tensor-parallel peer: {failures}")
+
+    def _launch(self, visible_devices: str | None):
+        """sglang.Engine() with the environment its spawned processes need; the trainer's own is put back."""
+        env: dict[str, str | None] = dict(self.features.construction_env())
+        env["NCCL_NVLS_ENABLE"] = os.environ.get("NCCL_NVLS_ENABLE", "0")
+        env[ALLOC_CONF_ENV] = alloc_conf_without_expandable_segments(os.environ.get(ALLOC_CONF_ENV))
+        if visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices
+        start_method = mp.get_start_method(allow_none=True)
+        set_expandable_segments(False)
+        try:
+            with scoped_environ(env, restore=_ENGINE_WRITES_ENV):
+                import sglang
+
+                return sglang.Engine(**self.server_args)
+        finally:
+            mp.set_start_method(start_method, force=True)
+
+    @staticmethod
+    def _non_weight_tags() -> list[str]:
+        """The engine's memory tags other than weights (KV cache, CUDA graphs): resumed after the weight push."""
+        from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
+
+        return [t for t in GPU_MEMORY_ALL_TYPES if t != WEIGHTS]
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: DataProto) -> DataProto:
+        self.residency.require_ready_to_generate()
+        cfg = self.config
+        params = resolve_sampling(cfg, prompts.meta_info, self.ctx.eos_token_ids)
+        if params.max_new_tokens > cfg.response_length:
+            raise ValueError(
+                f"max_new_tokens={params.max_new_tokens} exceeds actor_rollout_ref.rollout.response_length="
+                f"{cfg.response_length}"
+            )
+        want_log_probs = bool(cfg.calculate_log_probs)
+
+        def run():
+            outputs = self._engine.generate(
+                input_ids=prompt_token_lists(prompts),
+                sampling_params=sglang_sampling_params(params),
+                return_logprob=want_log_probs,
+            )
+            return parse_sglang_outputs(outputs, len(prompts) * params.n, want_log_probs)
+
+        result = self.tp.run_on_leader(run)
+        return rollout_batch_from_result(prompts, result, params.n, cfg.response_length, self.ctx.pad_token_id)
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        """Release weights, KV cache and CUDA graphs (all tags), then give training expandable segments back."""
+        if not self.config.free_cache_engine or self.residency.asleep:
+            return
+        self.tp.run_on_leader(lambda: self._engine.release_memory_occupation(tags=None))
+        self.residency.mark_released()
+        set_expandable_segments(True)
+
+    def wake_up(self, tags: Iterable[str] = ("weights", "kv_cache")) -> None:
+        """Resume in order: weights, then KV cache together with the CUDA graphs."""
+        if not self.config.free_cache_engine:
+            return
+        set_expandable_segments(False)
+        for tag in self.residency.to_resume(tags):
+            engine_tags = [WEIGHTS] if tag == WEIGHTS else self._kv_stage_tags
+            self.tp.run_on_leader(lambda: self._engine.resume_memory_occupation(tags=engine_tags))
+            self.residency.mark_resumed([tag])
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Push HF-named tensors bucket by bucket inside one update session, then flush the radix cache.
+
+        Every rank of the group calls this with the same parameters in the same order (full_tensor() of sharded
+        parameters is collective); a bucket the engine rejects raises WeightSyncError on every rank.
+        """
+        self.residency.require_weights_resident()
+        set_expandable_segments(False)  # CUDA IPC cannot share tensors that live in expandable segments
+        weights = iter_engine_weights(
+            named_tensors, engine_dtype(self.config.dtype), self.tie_word_embeddings, device=self.ctx.device
+        )
+        pushed: set[str] = set()
+        self._begin_session()
+        try:
+            for bucket in iter_buckets(weights, bucket_bytes_of(self.config)):
+                self._push_bucket(bucket)
+                pushed.update(name for name, _ in bucket)
+        finally:
+            self._end_session()
+        self._checked_call("flush_cache")
+        missing = sorted(self.expected_names - pushed) if self.expected_names is not None else []
+        if missing and not self.residency.weights_current:
+            logger.warning("sglang: push left %d parameters unset (%s...)", len(missing), missing[:4])
+        self.residency.mark_pushed(complete=not missing)
+
+    def _checked_call(self, method: str) -> None:
+        """Call an engine method on the leader; every rank raises unless it reports success (or returns nothing)."""
+        self.tp.run_on_leader(
+            lambda: check_update_status(getattr(self._engine, method)(), ENGINE, [f"<{method}>"], required=False)
+        )
+
+    def _begin_session(self) -> None:
+        if self.features.weight_update_session:
+            self._checked_call("begin_weight_update")
+            self._session_open = True
+
+    def _end_session(self) -> None:
+        if self._session_open:
+            self._session_open = False
+            self._checked_call("end_weight_update")
+
+    def _push_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """One update_weights_from_tensor call; the bucket's tensors stay referenced until every rank knows the
+        engine has returned (their CUDA-IPC handles must stay valid while SGLang opens them). On 0.5.21+ an update
+        outside a session comes back as (False, message), which raises here like any other rejection."""
+        names = [name for name, _ in bucket]
+        _monkey_patch_torch_reductions()
+        if self.layout.tp_size == 1:
+            named = bucket
+        else:
+            from sglang.srt.utils import MultiprocessingSerializer
+
+            own = [(name, MultiprocessingSerializer.serialize(tensor.detach())) for name, tensor in bucket]
+            handles = self.tp.gather_to_leader(own)
+            named = self._local_serialized(handles) if self.layout.is_leader else None
+
+        def push():
+            status = self._engine.update_weights_from_tensor(named_tensors=named, load_format=None, flush_cache=False)
+            check_update_status(status, ENGINE, names)
+
+        self.tp.run_on_leader(push)
+
+    @staticmethod
+    def _local_serialized(handles: list[list[tuple[str, bytes]]]) -> list:
+        """Per-rank handle lists → [(name, LocalSerializedTensor(values=[handle of tp rank 0, 1, ...]))]."""
+        from sglang.srt.model_executor.model_runner import LocalSerializedTensor
+
+        names = [name for name, _ in handles[0]]
+        for tp_rank, rank_handles in enumerate(handles):
+            if [name for name, _ in rank_handles] != names:
+                raise RuntimeError(
+                    f"tensor-parallel rank {tp_rank} pushed {[n for n, _ in rank_handles][:4]}... while rank 0 pushed "
+                    f"{names[:4]}...; every rank must iterate the same parameters in the same order"
+                )
+        return [
+            (name, LocalSerializedTensor(values=[rank_handles[i][1] for rank_handles in handles]))
+            for i, name in enumerate(names)
+        ]

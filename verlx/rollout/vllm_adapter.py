@@ -1,0 +1,153 @@
+"""vLLM's side of the rollout contract, as pure functions: LLM arguments, sampling parameters, output parsing,
+and the check that model.load_weights took what was sent.
+
+Kept apart from the engine class so every mapping is checked on machines without vLLM. Facts follow the
+documented vllm 0.11–0.33 in-process API (docs/rollout.md lists them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from verlx.rollout.base import RolloutContext, SamplingParams
+from verlx.rollout.engine_layout import EngineLayout
+from verlx.rollout.token_io import EngineGenerationError, GenerationResult, require_finished
+from verlx.utils.registry import did_you_mean
+
+ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+#: LLM arguments verlx derives from the mesh, the sleep cycle and the log-prob convention.
+MANAGED_LLM_ARGS = frozenset(
+    {
+        "model",
+        "tensor_parallel_size",
+        "distributed_executor_backend",
+        "enable_sleep_mode",
+        "skip_tokenizer_init",
+        "logprobs_mode",
+        "seed",
+    }
+)
+#: log-probs of the distribution actually sampled from: log_softmax(logits / T), what the trainer recomputes
+LOGPROBS_MODE = "processed_logprobs"
+
+
+def _dtype_arg(dtype: str) -> str:
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype)
+
+
+def build_llm_args(ctx: RolloutContext, layout: EngineLayout, field_names: Iterable[str]) -> dict[str, Any]:
+    """Keyword arguments of vllm.LLM for this rank; user engine_kwargs are checked against EngineArgs' fields.
+
+    seed is the same on every rank of a TP group (rollout.seed + data-parallel rank): vLLM's SPMD mode needs TP
+    peers to sample identically, and different replicas to sample differently.
+    """
+    cfg = ctx.config
+    field_names = frozenset(field_names)
+    args: dict[str, Any] = dict(
+        model=ctx.model_path,
+        tokenizer=ctx.tokenizer_path or ctx.model_path,
+        skip_tokenizer_init=True,
+        trust_remote_code=ctx.trust_remote_code,
+        tensor_parallel_size=layout.tp_size,
+        distributed_executor_backend="external_launcher",
+        enable_sleep_mode=bool(cfg.free_cache_engine),
+        load_format="dummy" if cfg.load_format.startswith("dummy") else cfg.load_format,
+        dtype=_dtype_arg(cfg.dtype),
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        enforce_eager=cfg.enforce_eager,
+        max_model_len=cfg.max_model_len or cfg.prompt_length + cfg.response_length,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        enable_chunked_prefill=cfg.enable_chunked_prefill,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        disable_log_stats=cfg.disable_log_stats,
+        # custom all-reduce keeps IPC buffers outside the sleep-mode pool
+        disable_custom_all_reduce=True,
+        seed=cfg.seed + layout.dp_rank,
+        logprobs_mode=LOGPROBS_MODE,
+    )
+    user = {k: v for k, v in dict(cfg.engine_kwargs.vllm or {}).items() if v is not None}
+    for key in user:
+        if key in MANAGED_LLM_ARGS:
+            raise ValueError(
+                f"{ENGINE_KWARGS_KEY}.{key} is set by verlx (mesh, sleep cycle, log-prob convention); remove it"
+            )
+        if key not in field_names:
+            raise ValueError(
+                f"{ENGINE_KWARGS_KEY}.{key} is not an argument of vllm.LLM (EngineArgs) in this release."
+                + did_you_mean(key, field_names)
+            )
+    args.update(user)
+    return args
+
+
+def vllm_sampling_kwargs(params: SamplingParams, want_log_probs: bool) -> dict[str, Any]:
+    """SamplingParams → keyword arguments of vllm.SamplingParams.
+
+    max_tokens is always explicit (vLLM's default is 16). Greedy is temperature 0 (vLLM then ignores top-p/k and
+    the seed); top_k <= 0 means all tokens (-1). stop_token_ids are the EOS ids: vLLM's ignore_eos only ignores
+    the model's EOS, so they are dropped too. logprobs=0 returns the sampled token's log-prob only.
+    """
+    greedy = params.greedy
+    kwargs: dict[str, Any] = dict(
+        n=params.n,
+        max_tokens=params.max_new_tokens,
+        min_tokens=params.min_new_tokens,
+        temperature=0.0 if greedy else float(params.temperature),
+        top_p=1.0 if greedy else float(params.top_p),
+        top_k=-1 if greedy or params.top_k <= 0 else int(params.top_k),
+        ignore_eos=params.ignore_eos,
+        stop_token_ids=[] if params.ignore_eos else [int(t) for t in params.stop_token_ids],
+        detokenize=False,
+        logprobs=0 if want_log_probs else None,
+    )
+    if params.seed is not None and not greedy:
+        kwargs["seed"] = int(params.seed)
+    return kwargs
+
+
+def parse_vllm_outputs(request_outputs: list, n: int, want_log_probs: bool) -> GenerationResult:
+    """RequestOutputs (input order) → GenerationResult ordered [p0s0..p0s(n-1), p1s0, ...].
+
+    Each RequestOutput has `outputs`: n CompletionOutputs with index, token_ids, finish_reason, stop_reason and
+    logprobs (per position a mapping token_id → Logprob(logprob, rank, decoded_token)).
+    """
+    token_ids, log_probs, reasons = [], [] if want_log_probs else None, []
+    for p, request in enumerate(request_outputs):
+        completions = sorted(request.outputs, key=lambda c: c.index)
+        if len(completions) != n:
+            raise EngineGenerationError(f"vllm returned {len(completions)} completions for prompt {p}, expected n={n}")
+        for completion in completions:
+            sample = len(token_ids)
+            require_finished("vllm", sample, str(completion.finish_reason), str(completion.stop_reason or ""))
+            ids = [int(t) for t in completion.token_ids]
+            if want_log_probs:
+                positions = completion.logprobs
+                if positions is None or len(positions) != len(ids):
+                    got = "none" if positions is None else len(positions)
+                    raise EngineGenerationError(f"vllm sample {sample}: {len(ids)} tokens but {got} log-prob entries")
+                try:
+                    log_probs.append([float(pos[t].logprob) for pos, t in zip(positions, ids)])
+                except KeyError as e:
+                    raise EngineGenerationError(f"vllm sample {sample}: no log-prob for sampled token {e}") from None
+            token_ids.append(ids)
+            reasons.append(str(completion.finish_reason))
+    return GenerationResult(token_ids, log_probs, reasons)
+
+
+def unloaded_names(sent: list[str], loaded: set[str], packed_modules_mapping: dict[str, list[str]]) -> list[str]:
+    """HF names sent to model.load_weights that it did not load. vLLM reports its own parameter names, where
+    shards are fused (q/k/v_proj → qkv_proj, gate/up_proj → gate_up_proj per the model's
+    packed_modules_mapping), so a sent shard counts as loaded when its fused parameter was."""
+    fused_of = {shard: fused for fused, shards in packed_modules_mapping.items() for shard in shards}
+    missing = []
+    for name in sent:
+        if name in loaded:
+            continue
+        parts = name.split(".")
+        fused_names = {
+            ".".join(parts[:i] + [fused_of[part]] + parts[i + 1 :]) for i, part in enumerate(parts) if part in fused_of
+        }
+        if not fused_names & loaded:
+            missing.append(name)
+    return missing
