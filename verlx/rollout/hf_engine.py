@@ -14,10 +14,8 @@ from verlx.rollout.base import (
     register_engine,
     resolve_sampling,
 )
-from verlx.rollout.weight_sync import hf_param_name
+from verlx.rollout.weight_sync import engine_dtype, hf_param_name
 
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "float32": torch.float32, "fp32": torch.float32}
 
 
 @register_engine("hf")
@@ -28,7 +26,7 @@ class HFEngine(RolloutEngine):
         super().__init__(ctx)
         from transformers import AutoModelForCausalLM
 
-        dtype = _DTYPES[self.config.dtype] if ctx.device.type == "cuda" else torch.float32
+        dtype = engine_dtype(self.config.dtype) if ctx.device.type == "cuda" else torch.float32
         if self.config.load_format == "dummy":
             model = AutoModelForCausalLM.from_config(ctx.hf_config, dtype=dtype,
                                                      trust_remote_code=ctx.trust_remote_code)

@@ -8,20 +8,12 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from verlx.utils.dtypes import torch_dtype
+
 # Wrapper prefixes that FSDP, torch.compile, activation checkpointing and PEFT put into parameter names.
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
 # Checkpoint entries that are buffers, not parameters: no trainer pushes them.
 _NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-}
 
 
 class WeightSyncError(RuntimeError):
@@ -45,10 +37,7 @@ def hf_param_name(name: str) -> str:
 
 def engine_dtype(name: str) -> torch.dtype:
     """torch dtype of a rollout.dtype string."""
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"actor_rollout_ref.rollout.dtype={name!r} is not one of {sorted(_DTYPES)}") from None
+    return torch_dtype(name, "actor_rollout_ref.rollout.dtype")
 
 
 def iter_engine_weights(

@@ -13,6 +13,7 @@ from verlx.rollout.base import RolloutContext, get_engine_class
 from verlx.rollout.weight_sync import iter_buckets, iter_engine_weights
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.distributed import init_distributed
+from verlx.utils.dtypes import torch_dtype
 from verlx.utils.seeding import seed_everything
 from verlx.workers.actor import PPOActor
 from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
@@ -22,10 +23,8 @@ from verlx.workers.fsdp.model_builder import (
     build_optimizer,
     expand_path,
     load_hf_config,
-    load_policy,
-    torch_dtype,
+    load_policy
 )
-from verlx.workers.fsdp.weights import iter_full_params
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
 
 logger = logging.getLogger(__name__)
@@ -59,6 +58,8 @@ class ActorRolloutRefWorker(Worker):
                                         arr.model.custom_chat_template)
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         on_gpu = self.device.type == "cuda"
+        if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
+            self._init_engine(model_path)
         if self.is_actor:
             fsdp = arr.actor.fsdp_config
             module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype))
@@ -77,8 +78,6 @@ class ActorRolloutRefWorker(Worker):
             ref_module.requires_grad_(False)
             apply_fsdp2(ref_module, self.device, torch_dtype(ref_fsdp.dtype), ref_fsdp.reshard_after_forward)
             self.ref = PPOActor(arr.actor, ref_module, None, self.device)
-        if self.is_rollout:
-            self._init_engine(model_path)
         return {"rank": self.rank, "device": str(self.device)}
 
     def _init_engine(self, model_path: str) -> None:
@@ -97,6 +96,7 @@ class ActorRolloutRefWorker(Worker):
             world_size=self.world_size,
             local_rank=self.local_rank,
             tp_size=tp,
+            n_gpus_per_node=self.config.trainer.n_gpus_per_node,
             trust_remote_code=self.config.actor_rollout_ref.model.trust_remote_code,
         )
         self.set_dispatch_info("rollout", ctx.dp_rank, ctx.dp_size, ctx.tp_rank == 0)
@@ -115,7 +115,8 @@ class ActorRolloutRefWorker(Worker):
         rollout = self.config.actor_rollout_ref.rollout
         dtype = torch_dtype(rollout.dtype) if self.device.type == "cuda" else torch.float32
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
-        named = iter_engine_weights(iter_full_params(self.actor.module, dtype, self.device, "hf_model."), None, tied)
+        state = ((k.removeprefix("hf_model."), v) for k, v in self.actor.module.state_dict().items())
+        named = iter_engine_weights(state, dtype, tied, device=self.device)
         bucket_bytes = rollout.update_weights_bucket_megabytes << 20
         for bucket in iter_buckets(named, bucket_bytes):
             self.engine.update_weights(bucket)

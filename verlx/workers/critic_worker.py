@@ -8,6 +8,7 @@ from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.distributed import init_distributed
+from verlx.utils.dtypes import torch_dtype
 from verlx.utils.seeding import seed_everything
 from verlx.workers.critic import PPOCritic
 from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
@@ -16,8 +17,7 @@ from verlx.workers.fsdp.model_builder import (
     build_lr_scheduler,
     build_optimizer,
     expand_path,
-    load_value_model,
-    torch_dtype,
+    load_value_model
 )
 
 

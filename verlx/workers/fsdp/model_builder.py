@@ -14,19 +14,6 @@ from verlx.models.policy import PolicyModel, ValueModel, decoder_layers
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-    "float32": torch.float32, "fp32": torch.float32,
-}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}") from None
-
 
 def expand_path(path: str) -> str:
     return os.path.expanduser(os.path.expandvars(path))
