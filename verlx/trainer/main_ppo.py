@@ -30,6 +30,17 @@ def resolve_device(config: PPOConfig) -> bool:
     return config.trainer.device == "cuda"
 
 
+def check_greedy_baseline(config: PPOConfig) -> None:
+    """REMAX's baseline is a greedy response: the chosen engine must be able to decode greedily."""
+    from verlx.algorithms.advantages import estimator_needs_greedy_baseline
+    from verlx.rollout.base import get_engine_class
+
+    name = config.actor_rollout_ref.rollout.name
+    if estimator_needs_greedy_baseline(config.algorithm.adv_estimator) and not get_engine_class(name).supports_greedy:
+        raise ConfigError([f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs greedy decoding for its "
+                           f"baseline, which actor_rollout_ref.rollout.name={name} cannot do; use native or hf"])
+
+
 def prepare(config: PPOConfig):
     """Checks and builds everything the driver needs; no Ray, no GPU."""
     from verlx.data import build_dataloaders
@@ -42,6 +53,7 @@ def prepare(config: PPOConfig):
     validate(config)
     rollout = config.actor_rollout_ref.rollout
     rollout.name = resolve_engine_name(rollout.name)
+    check_greedy_baseline(config)
     check_loggers(config.trainer.loggers)
     model = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template)

@@ -12,6 +12,7 @@ import torch
 
 from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline
 from verlx.algorithms.core import agg_loss, masked_mean
+from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
@@ -101,7 +102,7 @@ class RayPPOTrainer:
         if self.use_critic:
             self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"))
         state = {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(),
-                 "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl else None}
+                 "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
         checkpointing.write_driver_state(tmp, state, dataclasses.asdict(self.config))
         final = checkpointing.finalize(tmp, root, self.global_step, self.use_critic)
         checkpointing.prune(root, t.max_actor_ckpt_to_keep)
@@ -122,8 +123,8 @@ class RayPPOTrainer:
         if self.use_critic:
             self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
         self.train_loader.load_state_dict(state["dataloader"])
-        if self.kl_ctrl is not None and state.get("kl_ctrl"):
-            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.kl_ctrl.value = state["kl_coef"]
         self.global_step = state["global_step"]
         logger.info("resumed from %s at step %d", path, self.global_step)
 
@@ -147,7 +148,7 @@ class RayPPOTrainer:
             while self.global_step < self.total_steps:
                 batch = next(batches)
                 self.global_step += 1
-                metrics = self.train_step(batch)
+                metrics = self.train_step(batch, batches)
                 last_step = self.global_step >= self.total_steps
                 if self.val_loader is not None and t.test_freq > 0 and (
                         self.global_step % t.test_freq == 0 or last_step):
@@ -173,30 +174,18 @@ class RayPPOTrainer:
         while True:
             yield from self.train_loader
 
-    def train_step(self, batch: DataProto) -> dict[str, float]:
+    def train_step(self, batch: DataProto, more_batches=None) -> dict[str, float]:
+        """One step. With DAPO dynamic sampling, `more_batches` supplies prompts until the batch is full."""
         cfg = self.config
         arr = cfg.actor_rollout_ref
         metrics: dict[str, float] = {}
         timing: dict[str, float] = {}
         with timed("step", timing):
-            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            batch = batch.repeat(arr.rollout.n, interleave=True)
-            with timed("gen", timing):
-                gen_out = self._generate(batch.select(list(GEN_INPUTS), [], []), do_sample=True)
-            metrics.update({k: v for k, v in gen_out.meta_info.pop("timing", {}).items()})
-            if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
-                with timed("gen_max", timing):
-                    batch.batch["reward_baselines"] = self._greedy_baseline(batch)
-            batch.pop(batch_keys=list(GEN_INPUTS))
-            batch.union(gen_out)
+            batch = self._rollout_and_score(batch, metrics, timing)
+            if cfg.algorithm.filter_groups.enable:
+                batch = self._fill_with_informative_groups(batch, more_batches, metrics, timing)
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.world_size))
-            with timed("reward", timing):
-                result = self.reward_fn(batch)
-                batch.batch["token_level_scores"] = result.token_level_scores
-                for key, values in result.extra.items():
-                    batch.non_tensor_batch[key] = np.asarray(values)
-                metrics.update(result.metrics)
             with timed("old_log_prob", timing):
                 old = self.actor_rollout_wg.compute_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
                 entropy = agg_loss(old.batch["entropys"], batch.batch["response_mask"], arr.actor.loss_agg_mode)
@@ -221,8 +210,7 @@ class RayPPOTrainer:
                 batch = compute_advantage(batch, cfg.algorithm)
             if self.use_critic:
                 with timed("update_critic", timing):
-                    out = self.critic_wg.update_critic(batch.select(
-                        [*LOG_PROB_INPUTS, "values", "returns"], [], []))
+                    out = self.critic_wg.update_critic(batch.select([*LOG_PROB_INPUTS, "values", "returns"], [], []))
                     metrics.update(out.meta_info["metrics"])
             if self.global_step > cfg.trainer.critic_warmup:
                 with timed("update_actor", timing):
@@ -238,6 +226,51 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(timing, counts))
         metrics.update(compute_throughput_metrics(timing, counts, self.world_size))
         return metrics
+
+    def _rollout_and_score(self, batch: DataProto, metrics: dict, timing: dict) -> DataProto:
+        """uid per prompt, n samples each (interleaved), generation and reward scores."""
+        cfg = self.config
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        batch = batch.repeat(cfg.actor_rollout_ref.rollout.n, interleave=True)
+        with timed("gen", timing):
+            gen_out = self._generate(batch.select(list(GEN_INPUTS), [], []), do_sample=True)
+        metrics.update(gen_out.meta_info.pop("timing", {}))
+        if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
+            with timed("gen_max", timing):
+                batch.batch["reward_baselines"] = self._greedy_baseline(batch)
+        batch.pop(batch_keys=list(GEN_INPUTS))
+        batch.union(gen_out)
+        with timed("reward", timing):
+            result = self.reward_fn(batch)
+            batch.batch["token_level_scores"] = result.token_level_scores
+            for key, values in result.extra.items():
+                batch.non_tensor_batch[key] = np.asarray(values)
+            for key, value in result.metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value if key != "reward/error_rate" else value
+        return batch
+
+    def _fill_with_informative_groups(self, batch: DataProto, more_batches, metrics: dict, timing: dict):
+        """DAPO: drop groups whose samples all scored the same; generate more until train_batch_size prompts."""
+        cfg = self.config
+        fg = cfg.algorithm.filter_groups
+        wanted = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+        kept = batch[keep_informative_groups(batch, fg.metric)]
+        rounds = 1
+        while len(kept) < wanted:
+            if fg.max_num_gen_batches > 0 and rounds >= fg.max_num_gen_batches:
+                raise RuntimeError(
+                    f"dynamic sampling: after {rounds} generation batches only {len(kept)} of {wanted} samples come "
+                    f"from prompts whose rewards differ (algorithm.filter_groups.metric={fg.metric}); raise "
+                    "algorithm.filter_groups.max_num_gen_batches, or check that the reward can tell responses apart"
+                )
+            if more_batches is None:
+                raise RuntimeError("dynamic sampling needs more prompt batches but none were supplied")
+            extra = self._rollout_and_score(next(more_batches), metrics, timing)
+            part = extra[keep_informative_groups(extra, fg.metric)]
+            kept = DataProto.concat([kept, part]) if len(kept) else part
+            rounds += 1
+        metrics["batch/num_gen_batches"] = float(rounds)
+        return kept[:wanted]
 
     def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:
         gen_batch.meta_info.update({"do_sample": do_sample, "global_step": self.global_step,
