@@ -71,3 +71,17 @@ def test_remax_needs_greedy_decoding(tiny_model_dir, arithmetic_data_dir, tmp_pa
     monkeypatch.setattr(HFEngine, "supports_greedy", False)
     with pytest.raises(ConfigError, match="needs greedy decoding for its baseline"):
         check_greedy_baseline(cfg)
+
+
+@pytest.mark.parametrize("where", ["loss", "reward"])
+def test_exact_full_vocabulary_kl(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path, where):
+    """kl 'full': in the loss the first optimizer step sees KL 0 (actor == reference); in the reward likewise."""
+    extra = (["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=full",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=8"] if where == "loss" else
+             ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full"])
+    cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo",
+                      "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1", *extra)
+    run_ppo(cfg)
+    (row,) = read_metrics(tmp_path)
+    key = "actor/kl_loss" if where == "loss" else "actor/reward_kl_penalty"
+    assert abs(row[key]) < 1e-6

@@ -109,3 +109,31 @@ def full_logits_log_probs(hidden, weight, targets, temperature: float = 1.0, wit
     logp = logp_all.gather(-1, targets.unsqueeze(-1).long()).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
     return logp, entropy
+
+
+def _kl_chunk(h, weight, h_ref, ref_weight, temperature: float):
+    from verlx.algorithms.kl import full_kl_from_logits
+
+    logits = torch.matmul(h, weight.t()) / temperature
+    ref_logits = torch.matmul(h_ref, ref_weight.t()) / temperature
+    return full_kl_from_logits(logits, ref_logits)
+
+
+def chunked_full_kl(hidden, weight, ref_hidden, ref_weight, temperature: float = 1.0, chunk_size: int = 1024):
+    """Exact KL(π ‖ π_ref) per token over the whole vocabulary, [..., H] → [...].
+
+    Each chunk's two logit blocks are recomputed in backward (activation checkpointing), so memory stays one chunk
+    of [chunk_size, vocab] at a time; gradients flow to `hidden` and `weight` only.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    shape = hidden.shape[:-1]
+    h = hidden.reshape(-1, hidden.shape[-1])
+    h_ref = ref_hidden.reshape(-1, ref_hidden.shape[-1]).detach()
+    ref_weight = ref_weight.detach()
+    parts = [
+        checkpoint(_kl_chunk, h[s:s + chunk_size], weight, h_ref[s:s + chunk_size], ref_weight, float(temperature),
+                   use_reentrant=False)
+        for s in range(0, h.shape[0], chunk_size)
+    ]
+    return torch.cat(parts).reshape(shape)

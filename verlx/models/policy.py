@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verlx.models.chunked_logprob import chunked_log_probs
+from verlx.models.chunked_logprob import chunked_full_kl, chunked_log_probs
 
 
 def decoder_layers(hf_model: nn.Module) -> list[nn.Module]:
@@ -48,13 +48,24 @@ class PolicyModel(nn.Module):
         temperature: float = 1.0,
         chunk_size: int = 1024,
         with_entropy: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        kl_reference: tuple[torch.Tensor, torch.Tensor] | None = None,
+        return_response_hidden: bool = False,
+    ):
+        """(log_probs, entropy) of the response tokens; plus the exact per-token KL to `kl_reference` (the reference's
+        response hidden states and output weight) when given. With return_response_hidden, returns instead this
+        model's (response hidden states, output weight), detached copies, for use as another model's kl_reference."""
         hidden = _decoder_forward(self.hf_model.get_decoder(), input_ids, attention_mask, position_ids)
         # the hidden state at position t predicts token t+1: the last response_length+1 positions but one
         h = hidden[:, -response_length - 1 : -1]
-        targets = input_ids[:, -response_length:]
         weight = self.hf_model.get_output_embeddings().weight
-        return chunked_log_probs(h, weight, targets, temperature, chunk_size, with_entropy)
+        if return_response_hidden:
+            return h.detach().clone(), weight.detach().clone()
+        targets = input_ids[:, -response_length:]
+        log_probs, entropy = chunked_log_probs(h, weight, targets, temperature, chunk_size, with_entropy)
+        if kl_reference is None:
+            return log_probs, entropy
+        full_kl = chunked_full_kl(h, weight, *kl_reference, temperature=temperature, chunk_size=chunk_size)
+        return log_probs, entropy, full_kl
 
     def hf_state_dict_key(self, key: str) -> str:
         return key.removeprefix("hf_model.")

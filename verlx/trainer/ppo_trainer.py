@@ -197,6 +197,8 @@ class RayPPOTrainer:
                 with timed("ref", timing):
                     ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
                     batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
+                    if "full_kl" in ref.batch:
+                        batch.batch["full_kl"] = ref.batch["full_kl"]
             if self.use_critic:
                 with timed("values", timing):
                     batch.batch["values"] = self.critic_wg.compute_values(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from verlx.algorithms.core import agg_loss
-from verlx.algorithms.kl import kl_penalty
+from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
 from verlx.algorithms.policy_losses import POLICY_LOSSES
 from verlx.protocol import DataProto
 from verlx.workers.guarded_step import GuardedStepper
@@ -18,15 +18,17 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 class PPOActor:
     """Runs on one data-parallel rank; gradients are averaged across ranks by the sharding backend."""
 
-    def __init__(self, config, module, optimizer=None, device=torch.device("cpu"), max_consecutive_nonfinite: int = 3):
+    def __init__(self, config, module, optimizer=None, device=torch.device("cpu"), max_consecutive_nonfinite: int = 3,
+                 reference: "PPOActor | None" = None):
         self.config = config
         self.module = module
+        self.reference = reference  # the frozen reference, for the exact (full-vocabulary) KL
         self.optimizer = optimizer
         self.device = device
         self.stepper = GuardedStepper("actor", max_consecutive_nonfinite)
 
     # ------------------------------------------------------------------ forward
-    def _forward(self, mb: DataProto, temperature: float, with_entropy: bool):
+    def _forward(self, mb: DataProto, temperature: float, with_entropy: bool, **extra):
         inputs = {k: mb.batch[k].to(self.device, non_blocking=True) for k in MODEL_INPUTS}
         response_length = mb.batch["responses"].shape[-1]
         return self.module(
@@ -35,7 +37,25 @@ class PPOActor:
             temperature=temperature,
             chunk_size=self.config.logprob_chunk_size,
             with_entropy=with_entropy,
+            **extra,
         )
+
+    @torch.no_grad()
+    def response_hidden(self, mb: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
+        """This model's response hidden states and output weight: the other side of an exact KL."""
+        self.module.eval()
+        return self._forward(mb, 1.0, False, return_response_hidden=True)
+
+    @torch.no_grad()
+    def compute_full_kl(self, data: DataProto, micro_batch_size: int | None) -> torch.Tensor:
+        """Exact KL(this policy ‖ reference) per response token over the whole vocabulary, [B, R]."""
+        temperature = data.meta_info.get("temperature", 1.0)
+        self.module.eval()
+        parts = []
+        for mb in data.split(micro_batch_size or len(data)):
+            _, _, full_kl = self._forward(mb, temperature, False, kl_reference=self.reference.response_hidden(mb))
+            parts.append(full_kl)
+        return torch.cat(parts)
 
     @torch.no_grad()
     def compute_log_prob(
@@ -91,7 +111,13 @@ class PPOActor:
         mask = mb.batch["response_mask"].to(self.device)
         agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
         with_entropy = cfg.entropy_coeff != 0
-        log_prob, entropy = self._forward(mb, temperature, with_entropy)
+        exact_kl = cfg.use_kl_loss and kl_needs_full_distribution(cfg.kl_loss_type)
+        if exact_kl:
+            log_prob, entropy, full_kl = self._forward(mb, temperature, with_entropy,
+                                                       kl_reference=self.reference.response_hidden(mb))
+        else:
+            log_prob, entropy = self._forward(mb, temperature, with_entropy)
+            full_kl = None
         old = mb.batch["old_log_probs"].to(self.device)
         adv = mb.batch["advantages"].to(self.device)
         pg_loss, pg_metrics = loss_fn(old, log_prob, adv, mask, cfg.loss_agg_mode, cfg, **agg)
@@ -102,7 +128,7 @@ class PPOActor:
             metrics.add_sum("actor/entropy_loss", entropy_loss.detach())
         if cfg.use_kl_loss:
             ref = mb.batch["ref_log_prob"].to(self.device)
-            kl = kl_penalty(log_prob, ref, cfg.kl_loss_type)
+            kl = kl_penalty(log_prob, ref, cfg.kl_loss_type, full_kl=full_kl)
             kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, **agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics.add_sum("actor/kl_loss", kl_loss.detach())

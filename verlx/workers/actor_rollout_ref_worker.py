@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from verlx.algorithms.kl import kl_needs_full_distribution
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
@@ -78,6 +79,8 @@ class ActorRolloutRefWorker(Worker):
             ref_module.requires_grad_(False)
             apply_fsdp2(ref_module, self.device, torch_dtype(ref_fsdp.dtype), ref_fsdp.reshard_after_forward)
             self.ref = PPOActor(arr.actor, ref_module, None, self.device)
+            if self.actor is not None:
+                self.actor.reference = self.ref
         return {"rank": self.rank, "device": str(self.device)}
 
     def _init_engine(self, model_path: str) -> None:
@@ -170,7 +173,10 @@ class ActorRolloutRefWorker(Worker):
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         log_prob, _ = self.ref.compute_log_prob(data, micro, dynamic, max_tokens)
-        return DataProto({"ref_log_prob": log_prob.cpu()})
+        out = DataProto({"ref_log_prob": log_prob.cpu()})
+        if kl_needs_full_distribution(self.config.algorithm.kl_penalty) and self.config.algorithm.use_kl_in_reward:
+            out.batch["full_kl"] = self.actor.compute_full_kl(data, micro).cpu()
+        return out
 
     # ------------------------------------------------------------------ training
     @register(Dispatch.DP_COMPUTE_PROTO)
