@@ -94,6 +94,7 @@ class EngineKwargs:
     vllm: dict[str, Any] = field(default_factory=dict)
     sglang: dict[str, Any] = field(default_factory=dict)
     native: dict[str, Any] = field(default_factory=dict)
+    custom: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -76,7 +76,7 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     _choice(f, "actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES)
     _choice(f, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
     _import_builtin_engines()
-    if arr.rollout.name != "auto":
+    if arr.rollout.name != "auto" and ":" not in arr.rollout.name:
         _registered(f, "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES)
     _choice(f, "actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES)
     _choice(f, "critic.strategy", cfg.critic.strategy, STRATEGIES)

@@ -160,9 +160,30 @@ def register_engine(name: str):
     return ROLLOUT_ENGINES.register(name)
 
 
+def _engine_from_path(path: str) -> type[RolloutEngine]:
+    """A user's own engine class, `package.module:ClassName`, registered under that path on first use."""
+    import importlib
+
+    module_name, _, class_name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"actor_rollout_ref.rollout.name={path}: cannot import {class_name} from {module_name}: "
+                         f"{e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, RolloutEngine)):
+        raise TypeError(f"actor_rollout_ref.rollout.name={path} is not a RolloutEngine subclass")
+    if path not in ROLLOUT_ENGINES:
+        ROLLOUT_ENGINES.register(path)(cls)
+    return cls
+
+
 def resolve_engine_name(name: str) -> str:
-    """`auto` → the first installed of AUTO_ENGINE_ORDER; any other name must be registered and installed."""
+    """`auto` → the first installed of AUTO_ENGINE_ORDER; `module:Class` → a user engine; any other name must be
+    registered and installed."""
     _import_builtin_engines()
+    if ":" in name:
+        _engine_from_path(name)
+        return name
     if name == "auto":
         for candidate in AUTO_ENGINE_ORDER:
             if candidate in ROLLOUT_ENGINES and ROLLOUT_ENGINES.get(candidate).is_available():

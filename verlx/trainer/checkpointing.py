@@ -117,3 +117,46 @@ def remove_stale_temps(root: str) -> None:
         for name in os.listdir(root):
             if name.startswith(".tmp-global_step_"):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+# Keys whose change makes a checkpoint unusable: the saved shards or optimizer state no longer fit.
+_BREAKING_KEYS = (
+    "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.model.lora_rank",
+    "actor_rollout_ref.model.target_modules",
+    "actor_rollout_ref.actor.optim.optimizer",
+    "critic.strategy",
+)
+_ARCHITECTURE_KEYS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings")
+
+
+def _lookup(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def resume_incompatibilities(path: str, config_dict: dict, hf_config) -> list[str]:
+    """What changed between the checkpoint at `path` and this run in a way that breaks resuming from it."""
+    problems = []
+    saved_path = os.path.join(path, "config.json")
+    if os.path.exists(saved_path):
+        with open(saved_path) as f:
+            saved = json.load(f)
+        for key in _BREAKING_KEYS:
+            before, now = _lookup(saved, key), _lookup(config_dict, key)
+            if before != now:
+                problems.append(f"{key} was {before!r} when the checkpoint was saved and is {now!r} now")
+    hf_path = os.path.join(path, "actor", "huggingface", "config.json")
+    if os.path.exists(hf_path) and hf_config is not None:
+        with open(hf_path) as f:
+            saved_hf = json.load(f)
+        for key in _ARCHITECTURE_KEYS:
+            before, now = saved_hf.get(key), getattr(hf_config, key, None)
+            if before is not None and before != now:
+                problems.append(f"model config {key} was {before!r} in the checkpoint and is {now!r} in "
+                                f"actor_rollout_ref.model.path")
+    return problems

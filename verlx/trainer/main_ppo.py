@@ -15,6 +15,8 @@ from omegaconf import DictConfig
 from verlx.config.loader import CONFIG_DIR, ConfigError, build, check_override_keys, to_container
 from verlx.config.schema import PPOConfig
 from verlx.config.validation import validate
+from verlx.reward.managers import RewardFailure
+from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
 
 logger = logging.getLogger("verlx")
 
@@ -85,9 +87,19 @@ def run_ppo(config: PPOConfig) -> dict[str, float]:
     use_gpu, tokenizer, train_loader, val_loader, reward_fn = prepare(config)
     start_ray(config, use_gpu)
     trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, reward_fn, use_gpu)
+    restarts = 0
     try:
-        trainer.init_workers()
-        return trainer.fit()
+        while True:
+            try:
+                trainer.init_workers()
+                return trainer.fit()
+            except WorkerDiedError as e:
+                if restarts >= config.trainer.max_restarts:
+                    raise
+                restarts += 1
+                logger.error("%s\nrestarting the workers (%d of trainer.max_restarts=%d) and resuming from the "
+                             "latest complete checkpoint", e, restarts, config.trainer.max_restarts)
+                trainer.prepare_restart()
     finally:
         trainer.shutdown()
         reward_fn.close()
@@ -101,6 +113,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except (WorkerGroupError, RewardFailure) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def main() -> None:

@@ -53,6 +53,8 @@ class RayPPOTrainer:
         self.world_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
         self.kl_ctrl = make_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
         self.global_step = 0
+        self.initial_loader_state = train_loader.state_dict()
+        self.hf_config = _load_model_config(config)
         self.total_steps = self._total_steps()
         config.trainer.total_training_steps = self.total_steps
 
@@ -91,6 +93,16 @@ class RayPPOTrainer:
         if hasattr(self, "worker_group"):
             self.worker_group.shutdown()
             self.resource_pool.release()
+            del self.worker_group
+
+    def prepare_restart(self) -> None:
+        """After a worker died: new workers, resume from the latest complete checkpoint (or from the start)."""
+        self.shutdown()
+        self.config.trainer.resume_mode = "auto"
+        self.global_step = 0
+        self.train_loader.load_state_dict(self.initial_loader_state)
+        if self.kl_ctrl is not None:
+            self.kl_ctrl = make_kl_controller(self.config.algorithm.kl_ctrl)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
@@ -118,6 +130,10 @@ class RayPPOTrainer:
         missing = checkpointing.missing_files(path, self.use_critic)
         if missing:
             raise FileNotFoundError(f"checkpoint {path} is incomplete; missing: {', '.join(missing)}")
+        problems = checkpointing.resume_incompatibilities(path, dataclasses.asdict(self.config), self.hf_config)
+        if problems:
+            raise ValueError(f"cannot resume from {path}: " + "; ".join(problems) +
+                             " (set trainer.resume_mode=disable to start fresh, or restore the settings)")
         state = checkpointing.read_driver_state(path)
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
         if self.use_critic:
@@ -288,6 +304,13 @@ class RayPPOTrainer:
         greedy = prompts.select(batch_keys=[], non_tensor_batch_keys=None, meta_info_keys=[])
         greedy.union(gen_out)
         return self.reward_fn(greedy).token_level_scores.sum(-1).repeat_interleave(n)
+
+
+def _load_model_config(config: PPOConfig):
+    from verlx.workers.fsdp.model_builder import expand_path, load_hf_config
+
+    model = config.actor_rollout_ref.model
+    return load_hf_config(expand_path(model.path), model.trust_remote_code, model.override_config)
 
 
 def _logprob_diff(batch: DataProto) -> dict[str, float]:
