@@ -87,29 +87,39 @@ class PPOActor:
         return metrics.reduce()
 
     def _micro_step(self, mb: DataProto, loss_fn, counts: dict, temperature: float, metrics: MetricAccumulator):
-        cfg = self.config
-        mask = mb.batch["response_mask"].to(self.device)
-        agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
-        with_entropy = cfg.entropy_coeff != 0
-        log_prob, entropy = self._forward(mb, temperature, with_entropy)
-        old = mb.batch["old_log_probs"].to(self.device)
-        adv = mb.batch["advantages"].to(self.device)
-        pg_loss, pg_metrics = loss_fn(old, log_prob, adv, mask, cfg.loss_agg_mode, cfg, **agg)
-        loss = pg_loss
-        if with_entropy:
-            entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
-            loss = loss - cfg.entropy_coeff * entropy_loss
-            metrics.add_sum("actor/entropy_loss", entropy_loss.detach())
-        if cfg.use_kl_loss:
-            ref = mb.batch["ref_log_prob"].to(self.device)
-            kl = kl_penalty(log_prob, ref, cfg.kl_loss_type)
-            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, **agg)
-            loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics.add_sum("actor/kl_loss", kl_loss.detach())
-            metrics.set("actor/kl_coef", cfg.kl_loss_coef)
+        log_prob, entropy = self._forward(mb, temperature, self.config.entropy_coeff != 0)
+        loss = compose_policy_loss(self.config, loss_fn, mb, log_prob, entropy, counts, metrics)
         loss.backward()
-        # the micro losses are shares of the mini-batch loss: summing them gives the mini-batch value
-        metrics.add_sum("actor/pg_loss", pg_loss.detach())
-        share = mask.sum() / counts["rank_tokens"]
-        for name, value in pg_metrics.items():
-            metrics.add_sum(f"actor/{name}", value.detach() * share)
+
+
+def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, entropy: torch.Tensor | None,
+                        counts: dict, metrics: MetricAccumulator) -> torch.Tensor:
+    """One micro-batch's share of the mini-batch loss: policy loss − entropy bonus + KL loss; records metrics.
+
+    Shared by every backend (FSDP calls backward on it, megatron's pipeline schedule does). `counts` are the
+    mini-batch's global_counts, so the micro losses sum to the mini-batch loss.
+    """
+    device = log_prob.device
+    mask = mb.batch["response_mask"].to(device)
+    agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
+    old = mb.batch["old_log_probs"].to(device)
+    adv = mb.batch["advantages"].to(device)
+    pg_loss, pg_metrics = loss_fn(old, log_prob, adv, mask, cfg.loss_agg_mode, cfg, **agg)
+    loss = pg_loss
+    if cfg.entropy_coeff != 0:
+        entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+        loss = loss - cfg.entropy_coeff * entropy_loss
+        metrics.add_sum("actor/entropy_loss", entropy_loss.detach())
+    if cfg.use_kl_loss:
+        ref = mb.batch["ref_log_prob"].to(device)
+        kl = kl_penalty(log_prob, ref, cfg.kl_loss_type)
+        kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, **agg)
+        loss = loss + cfg.kl_loss_coef * kl_loss
+        metrics.add_sum("actor/kl_loss", kl_loss.detach())
+        metrics.set("actor/kl_coef", cfg.kl_loss_coef)
+    # the micro losses are shares of the mini-batch loss: summing them gives the mini-batch value
+    metrics.add_sum("actor/pg_loss", pg_loss.detach())
+    share = mask.sum() / counts["rank_tokens"]
+    for name, value in pg_metrics.items():
+        metrics.add_sum(f"actor/{name}", value.detach() * share)
+    return loss
