@@ -173,6 +173,7 @@ def transformer_config_kwargs(dims: ModelDims, *, tp: int = 1, pp: int = 1, vpp:
         fp16=params_dtype is torch.float16,
         pipeline_dtype=params_dtype,
         variable_seq_lengths=True,
+        moe_token_dispatcher_type="alltoall",  # dense model; megatron rejects allgather with variable lengths
         masked_softmax_fusion=False,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,

@@ -73,6 +73,7 @@ class RLModelChunk(MegatronModule):
         self.dims = dims
         self.pre_process, self.post_process = gpt.pre_process, gpt.post_process
         self.is_value = value_head
+        self.model_type = gpt.model_type  # read by the pipeline schedules
         if value_head and self.post_process:
             gpt.output_layer = None  # the vocabulary projection is unused by a critic
             self.value_head = torch.nn.Linear(dims.hidden_size, 1, bias=False, dtype=gpt.config.params_dtype,
