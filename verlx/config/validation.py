@@ -106,9 +106,9 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
         f"{train}×{n} a multiple of {world_size}",
     ):
         return
-    roles = [("actor_rollout_ref.actor", arr.actor, arr.actor.ulysses_sequence_parallel_size)]
+    roles = [("actor_rollout_ref.actor", arr.actor, _ranks_per_shard(arr.actor))]
     if cfg.use_critic:
-        roles.append(("critic", cfg.critic, cfg.critic.ulysses_sequence_parallel_size))
+        roles.append(("critic", cfg.critic, _ranks_per_shard(cfg.critic)))
     for key, role, sp in roles:
         mini = role.ppo_mini_batch_size
         if not f.require(mini > 0, f"{key}.ppo_mini_batch_size={mini} must be positive"):
@@ -121,7 +121,8 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
             continue
         if not f.require(
             sp >= 1 and world_size % sp == 0,
-            f"{key}.ulysses_sequence_parallel_size={sp} must divide the world size {world_size}",
+            f"{key}: its {sp} GPUs per data-parallel shard (ulysses_sequence_parallel_size, or the megatron "
+            f"parallel sizes multiplied) must divide the world size {world_size}",
         ):
             continue
         dp = world_size // sp
@@ -170,6 +171,15 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
     )
     if data.val_batch_size is not None:
         f.require(data.val_batch_size > 0, f"data.val_batch_size={data.val_batch_size} must be positive or null")
+
+
+def _ranks_per_shard(role) -> int:
+    """GPUs that share one data-parallel shard: Ulysses group (FSDP) or TP × PP × CP (megatron)."""
+    if role.strategy == "megatron":
+        from verlx.workers.megatron.config_checks import model_parallel_size
+
+        return model_parallel_size(role)
+    return role.ulysses_sequence_parallel_size
 
 
 def _micro_per_gpu(global_micro: int | None, per_gpu: int | None, dp: int) -> int | None:
@@ -266,6 +276,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     f = Findings()
     check_names(cfg, f)
     check_unsupported(cfg, f)
+    if not f.problems:
+        from verlx.workers.megatron.config_checks import megatron_problems
+
+        f.problems += megatron_problems(cfg, world_size or world_size_of(cfg))
     if not f.problems:
         check_algorithm(cfg, f)
         check_batch_arithmetic(cfg, f, world_size or world_size_of(cfg))

@@ -118,10 +118,27 @@ def _hydra_main(cfg: DictConfig) -> None:
         raise SystemExit(1) from None
 
 
+# Hydra's own flags that take the next argument as their value (e.g. --config-name ppo_megatron_trainer).
+_FLAGS_WITH_VALUE = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
+
+
+def override_args(argv: list[str]) -> list[str]:
+    """The key=value overrides of a command line, without Hydra's flags and their values."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _FLAGS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            out.append(arg)
+    return out
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")])
+        check_override_keys(override_args(sys.argv[1:]))
         _hydra_main()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

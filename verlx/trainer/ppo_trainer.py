@@ -30,8 +30,7 @@ from verlx.trainer.validation import Validator
 from verlx.utils.seqlen_balancing import balance_batch
 from verlx.utils.timer import timed
 from verlx.utils.tracking import Tracking
-from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
-from verlx.workers.critic_worker import CriticWorker
+from verlx.workers.registry import worker_classes
 
 logger = logging.getLogger(__name__)
 GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -73,6 +72,8 @@ class RayPPOTrainer:
         t = self.config.trainer
         self.resource_pool = RayResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=self.use_gpu,
                                              name_prefix="verlx")
+        ActorRolloutRefWorker, _ = worker_classes(self.config.actor_rollout_ref.actor.strategy)
+        _, CriticWorker = worker_classes(self.config.critic.strategy)
         roles = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=self.config,
                                                            role="actor_rollout_ref" if self.use_reference
                                                            else "actor_rollout")}

@@ -107,35 +107,45 @@ class PPOActor:
         return metrics.reduce()
 
     def _micro_step(self, mb: DataProto, loss_fn, counts: dict, temperature: float, metrics: MetricAccumulator):
-        cfg = self.config
-        mask = mb.batch["response_mask"].to(self.device)
-        agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
-        with_entropy = cfg.entropy_coeff != 0
-        exact_kl = cfg.use_kl_loss and kl_needs_full_distribution(cfg.kl_loss_type)
-        if exact_kl:
+        with_entropy = self.config.entropy_coeff != 0
+        full_kl = None
+        if self.config.use_kl_loss and kl_needs_full_distribution(self.config.kl_loss_type):
             log_prob, entropy, full_kl = self._forward(mb, temperature, with_entropy,
                                                        kl_reference=self.reference.response_hidden(mb))
         else:
             log_prob, entropy = self._forward(mb, temperature, with_entropy)
-            full_kl = None
-        old = mb.batch["old_log_probs"].to(self.device)
-        adv = mb.batch["advantages"].to(self.device)
-        pg_loss, pg_metrics = loss_fn(old, log_prob, adv, mask, cfg.loss_agg_mode, cfg, **agg)
-        loss = pg_loss
-        if with_entropy:
-            entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
-            loss = loss - cfg.entropy_coeff * entropy_loss
-            metrics.add_sum("actor/entropy_loss", entropy_loss.detach())
-        if cfg.use_kl_loss:
-            ref = mb.batch["ref_log_prob"].to(self.device)
-            kl = kl_penalty(log_prob, ref, cfg.kl_loss_type, full_kl=full_kl)
-            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, **agg)
-            loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics.add_sum("actor/kl_loss", kl_loss.detach())
-            metrics.set("actor/kl_coef", cfg.kl_loss_coef)
+        loss = compose_policy_loss(self.config, loss_fn, mb, log_prob, entropy, counts, metrics, full_kl)
         loss.backward()
-        # the micro losses are shares of the mini-batch loss: summing them gives the mini-batch value
-        metrics.add_sum("actor/pg_loss", pg_loss.detach())
-        share = mask.sum() / counts["rank_tokens"]
-        for name, value in pg_metrics.items():
-            metrics.add_sum(f"actor/{name}", value.detach() * share)
+
+
+def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, entropy: torch.Tensor | None,
+                        counts: dict, metrics: MetricAccumulator, full_kl: torch.Tensor | None = None) -> torch.Tensor:
+    """One micro-batch's share of the mini-batch loss: policy loss − entropy bonus + KL loss; records metrics.
+
+    Shared by every backend (FSDP calls backward on it, megatron's pipeline schedule does). `counts` are the
+    mini-batch's global_counts, so the micro losses sum to the mini-batch loss.
+    """
+    device = log_prob.device
+    mask = mb.batch["response_mask"].to(device)
+    agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
+    old = mb.batch["old_log_probs"].to(device)
+    adv = mb.batch["advantages"].to(device)
+    pg_loss, pg_metrics = loss_fn(old, log_prob, adv, mask, cfg.loss_agg_mode, cfg, **agg)
+    loss = pg_loss
+    if cfg.entropy_coeff != 0:
+        entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+        loss = loss - cfg.entropy_coeff * entropy_loss
+        metrics.add_sum("actor/entropy_loss", entropy_loss.detach())
+    if cfg.use_kl_loss:
+        ref = mb.batch["ref_log_prob"].to(device)
+        kl = kl_penalty(log_prob, ref, cfg.kl_loss_type, full_kl=full_kl)
+        kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, **agg)
+        loss = loss + cfg.kl_loss_coef * kl_loss
+        metrics.add_sum("actor/kl_loss", kl_loss.detach())
+        metrics.set("actor/kl_coef", cfg.kl_loss_coef)
+    # the micro losses are shares of the mini-batch loss: summing them gives the mini-batch value
+    metrics.add_sum("actor/pg_loss", pg_loss.detach())
+    share = mask.sum() / counts["rank_tokens"]
+    for name, value in pg_metrics.items():
+        metrics.add_sum(f"actor/{name}", value.detach() * share)
+    return loss

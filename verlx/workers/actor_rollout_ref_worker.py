@@ -179,11 +179,15 @@ class ActorRolloutRefWorker(Worker):
         return out
 
     # ------------------------------------------------------------------ training
+    def _dp_size(self) -> int:
+        """Data-parallel ranks the training batch is split over."""
+        return self.world_size // self.config.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+
     @register(Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         arr = self.config.actor_rollout_ref
         actor_cfg = arr.actor
-        dp = self.world_size // actor_cfg.ulysses_sequence_parallel_size
+        dp = self._dp_size()
         mini = actor_cfg.ppo_mini_batch_size * arr.rollout.n // dp
         micro = actor_cfg.ppo_micro_batch_size_per_gpu
         if micro is None and actor_cfg.ppo_micro_batch_size is not None:

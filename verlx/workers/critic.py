@@ -46,21 +46,25 @@ class PPOCritic:
                 data = data[torch.randperm(len(data), generator=g)]
             for mini in data.split(mini_batch_size):
                 counts = global_counts(mini.batch["response_mask"], self.device)
-                agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
                 parts, _ = micro_batches(mini, micro_batch_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu,
                                          key="critic.ppo_max_token_len_per_gpu")
                 self.optimizer.zero_grad(set_to_none=True)
                 for mb in parts:
-                    mask = mb.batch["response_mask"].to(self.device)
-                    vpreds = self._forward(mb)
-                    vf_loss, clipfrac = compute_value_loss(
-                        vpreds, mb.batch["returns"].to(self.device), mb.batch["values"].to(self.device), mask,
-                        cfg.cliprange_value, cfg.loss_agg_mode, **agg,
-                    )
-                    vf_loss.backward()
-                    share = mask.sum() / counts["rank_tokens"]
-                    metrics.add_sum("critic/vf_loss", vf_loss.detach())
-                    metrics.add_sum("critic/vf_clipfrac", clipfrac.detach() * share)
-                    metrics.add_sum("critic/vpred_mean", (vpreds.detach() * mask).sum() / counts["rank_tokens"])
+                    compose_value_loss(cfg, mb, self._forward(mb), counts, metrics).backward()
                 self.stepper.step(self.module, self.optimizer, self.config.grad_clip, metrics)
         return metrics.reduce()
+
+
+def compose_value_loss(cfg, mb: DataProto, vpreds: torch.Tensor, counts: dict, metrics: MetricAccumulator):
+    """One micro-batch's share of the clipped value loss (shared by every backend); records metrics."""
+    device = vpreds.device
+    mask = mb.batch["response_mask"].to(device)
+    vf_loss, clipfrac = compute_value_loss(
+        vpreds, mb.batch["returns"].to(device), mb.batch["values"].to(device), mask,
+        cfg.cliprange_value, cfg.loss_agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
+    )
+    share = mask.sum() / counts["rank_tokens"]
+    metrics.add_sum("critic/vf_loss", vf_loss.detach())
+    metrics.add_sum("critic/vf_clipfrac", clipfrac.detach() * share)
+    metrics.add_sum("critic/vpred_mean", (vpreds.detach() * mask).sum() / counts["rank_tokens"])
+    return vf_loss

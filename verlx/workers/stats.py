@@ -54,16 +54,16 @@ class MetricAccumulator:
             self._steps[name].append(value)
         self._current.clear()
 
-    def reduce(self) -> dict[str, float]:
-        """Mean over steps, then mean over ranks (every rank must call this: it is collective)."""
+    def reduce(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
+        """Mean over steps, then mean over the ranks of `group` (default: all; every one of them must call this)."""
         self.end_step()
         names = sorted(self._steps)
         out: dict[str, float] = dict(self._constants)
         if names:
             values = torch.stack([torch.stack(self._steps[n]).mean() for n in names]).double()
             if dist.is_initialized():
-                dist.all_reduce(values)
-                values /= dist.get_world_size()
+                dist.all_reduce(values, group=group)
+                values /= dist.get_world_size(group)
             out.update(dict(zip(names, values.tolist())))
         out.update({name: float(count) for name, count in self._counts.items()})
         return out

@@ -127,8 +127,8 @@ def build_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
     )
 
 
-def build_lr_scheduler(optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up, then constant or cosine down to min_lr_ratio."""
+def lr_factor(optim_cfg, total_steps: int):
+    """step → learning-rate multiplier: linear warm-up, then constant or cosine down to min_lr_ratio."""
     import math
 
     total = optim_cfg.total_training_steps if optim_cfg.total_training_steps > 0 else total_steps
@@ -147,4 +147,9 @@ def build_lr_scheduler(optimizer, optim_cfg, total_steps: int) -> torch.optim.lr
         cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * cycles * progress))
         return min_ratio + (1.0 - min_ratio) * cosine
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return factor
+
+
+def build_lr_scheduler(optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then constant or cosine down to min_lr_ratio."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(optim_cfg, total_steps))

@@ -1,0 +1,102 @@
+"""ppo_megatron_trainer.yaml and the megatron config checks that run before Ray starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from verlx.config.loader import CONFIG_DIR, build, load_yaml, to_container
+from verlx.config.schema import PPOConfig
+from verlx.config.validation import Findings, check_batch_arithmetic
+from verlx.trainer.main_ppo import override_args
+from verlx.workers.megatron import INSTALL_COMMAND
+from verlx.workers.megatron.config_checks import megatron_problems
+from verlx.workers.registry import worker_classes
+
+BASE = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+        "trainer.n_gpus_per_node=8", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2"]
+
+
+def _model_dir(tmp_path, arch="Qwen2ForCausalLM", heads=8, kv=4, layers=8) -> str:
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"architectures": [arch], "num_attention_heads": heads,
+                                               "num_key_value_heads": kv, "num_hidden_layers": layers}))
+    return str(d)
+
+
+def _config(tmp_path, *overrides, **model) -> PPOConfig:
+    path = _model_dir(tmp_path, **model)
+    return build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer",
+                                                   [*BASE, f"actor_rollout_ref.model.path={path}", *overrides])))
+
+
+def test_yaml_shares_everything_but_the_engine():
+    cfg = build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer")))
+    base = build(PPOConfig, to_container(load_yaml("ppo_trainer")))
+    assert cfg.actor_rollout_ref.actor.strategy == cfg.critic.strategy == cfg.actor_rollout_ref.ref.strategy == "megatron"
+    assert cfg.data == base.data and cfg.algorithm == base.algorithm and cfg.trainer == base.trainer
+    tuned = build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer", [
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"])))
+    assert tuned.critic.megatron.pipeline_model_parallel_size == 2  # critic and ref follow the actor's layout
+    assert tuned.actor_rollout_ref.ref.megatron.pipeline_model_parallel_size == 2
+
+
+def test_every_key_has_a_comment_above_it():
+    lines = open(os.path.join(CONFIG_DIR, "ppo_megatron_trainer.yaml")).read().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*[A-Za-z_]+:", line) and not line.strip().startswith("#") and line.strip() != "defaults:":
+            assert lines[i - 1].strip().startswith("#"), f"line {i + 1} ({line.strip()}) has no comment above it"
+
+
+def test_missing_megatron_core_names_the_install_command(tmp_path):
+    problems = megatron_problems(_config(tmp_path), 8, megatron_installed=False)
+    assert problems == [f"strategy=megatron needs megatron-core, which is not installed; install it with: "
+                        f"{INSTALL_COMMAND}"]
+    assert INSTALL_COMMAND == "pip install 'verlx[megatron]'"
+
+
+def test_layout_problems_are_reported_before_ray(tmp_path):
+    cfg = _config(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3")
+    text = "\n".join(megatron_problems(cfg, 8, True))
+    assert "3×1×1 = 3 does not divide the world size 8" in text
+    assert "tensor_model_parallel_size=3 does not divide the model's num_attention_heads=8" in text
+    cfg = _config(tmp_path, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3", layers=8)
+    assert any("num_hidden_layers=8 do not split evenly" in p for p in megatron_problems(cfg, 8, True))
+
+
+def test_unsupported_architecture_and_mixed_backends(tmp_path):
+    cfg = _config(tmp_path, arch="GemmaForCausalLM")
+    problems = megatron_problems(cfg, 8, True)
+    assert any("GemmaForCausalLM, which has no megatron converter; supported architectures: LlamaForCausalLM, "
+               "Qwen2ForCausalLM, Qwen3ForCausalLM" in p for p in problems)
+    mixed = _config(tmp_path, "critic.strategy=fsdp", "algorithm.adv_estimator=gae")
+    assert any("colocated roles must use the same backend" in p for p in megatron_problems(mixed, 8, True))
+
+
+def test_valid_layout_passes_and_batch_arithmetic_uses_megatron_dp(tmp_path):
+    ok = _config(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2")
+    assert megatron_problems(ok, 8, True) == []
+    found = Findings()
+    check_batch_arithmetic(ok, found, 8)  # dp = 8 / (2·2) = 2: mini-batch 4×2 = 8 samples → 4 per rank, micro 2
+    assert found.problems == []
+    bad = _config(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")
+    found = Findings()
+    check_batch_arithmetic(bad, found, 8)  # dp = 8 / 2 = 4: 4×2 / 4 = 2 samples per rank
+    assert any("ppo_micro_batch_size_per_gpu=3 does not divide the 2 samples" in p for p in found.problems)
+
+
+def test_strategy_registry_and_command_line():
+    actor_cls, critic_cls = worker_classes("megatron")
+    assert actor_cls.__name__ == "MegatronActorRolloutRefWorker" and critic_cls.__name__ == "MegatronCriticWorker"
+    with pytest.raises(KeyError, match="Did you mean 'megatron'"):
+        worker_classes("megatronn")
+    assert override_args(["--config-name", "ppo_megatron_trainer", "trainer.nnodes=1"]) == ["trainer.nnodes=1"]

@@ -1,0 +1,168 @@
+"""HF ⇄ megatron weight conversion: layouts by hand, bitwise round trips, placement, config mapping, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from verlx.workers.megatron.architectures import gpt_model_kwargs, model_dims, transformer_config_kwargs
+from verlx.workers.megatron.batch_layout import align_batch
+from verlx.workers.megatron.parallel import ParallelLayout, check_layout, require_layout
+from verlx.workers.megatron.weight_layout import (
+    GLU,
+    fuse_qkv,
+    hf_to_megatron,
+    layer_placement,
+    megatron_to_hf,
+    split_qkv,
+    te_name,
+    local_spec_name,
+    tp_merge,
+    tp_shard,
+)
+
+SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=50, max_position_embeddings=64)
+
+
+def hf_model(kind: str, tie: bool):
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**SMALL, tie_word_embeddings=tie))
+    if kind == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=16, tie_word_embeddings=tie))
+    return LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=tie))
+
+
+def test_qkv_fusion_by_hand():
+    # 4 query heads in 2 groups, head_dim 1, hidden 1: q=[0,1,2,3], k=[10,11], v=[20,21]
+    # per group g: its 2 query heads, k_g, v_g  →  [0,1,10,20, 2,3,11,21]; TP=2 gives each rank one whole group
+    dims = model_dims(Qwen2Config(hidden_size=4, intermediate_size=4, num_hidden_layers=1, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=1, vocab_size=8))
+    q, k, v = torch.tensor([[0.], [1.], [2.], [3.]]), torch.tensor([[10.], [11.]]), torch.tensor([[20.], [21.]])
+    fused = fuse_qkv(q, k, v, dims)
+    assert fused.flatten().tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
+    assert tp_shard("column", fused, 2, 1).flatten().tolist() == [2, 3, 11, 21]
+    back = split_qkv(fused, dims)
+    assert [t.flatten().tolist() for t in back] == [[0, 1, 2, 3], [10, 11], [20, 21]]
+    bias = fuse_qkv(q.flatten(), k.flatten(), v.flatten(), dims)  # biases use the same layout
+    assert bias.tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
+
+
+def test_glu_tp_layout_by_hand():
+    # fc1 = [gate; up] = [g0 g1 g2 g3 u0 u1 u2 u3]; TP=2 rank r holds [gate_r; up_r]
+    merged = torch.tensor([0., 1., 2., 3., 10., 11., 12., 13.]).unsqueeze(1)
+    shards = [tp_shard(GLU, merged, 2, r) for r in range(2)]
+    assert [s.flatten().tolist() for s in shards] == [[0, 1, 10, 11], [2, 3, 12, 13]]
+    assert torch.equal(tp_merge(GLU, shards), merged)
+
+
+def test_interleaved_pipeline_placement():
+    # 8 layers, PP 2, VPP 2 → 2 layers per chunk; block b = chunk·pp + stage holds layers [2b, 2b+2)
+    got = [(p.pp_rank, p.chunk, p.local_layer) for p in (layer_placement(i, 8, 2, 2) for i in range(8))]
+    assert got == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1), (0, 1, 0), (0, 1, 1), (1, 1, 0), (1, 1, 1)]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("tp,pp,vpp", [(1, 1, None), (2, 1, None), (2, 2, None), (1, 2, 2)])
+def test_round_trip_is_bitwise_exact(kind, tie, tp, pp, vpp):
+    model = hf_model(kind, tie)
+    dims = model_dims(model.config)
+    hf = {k: v.clone() for k, v in model.state_dict().items()}
+    layout = ParallelLayout(tp * pp, tp, pp, 1, vpp)
+    shards = {(t, p): hf_to_megatron(hf, dims, layout, t, p) for t in range(tp) for p in range(pp)}
+    back = megatron_to_hf(shards, dims, layout)
+    expected = {k for k in hf if not (tie and k == "lm_head.weight")}
+    assert set(back) == expected
+    for name in expected:
+        assert torch.equal(back[name], hf[name]), name
+    # vocab 50 is padded to a multiple of TP: every rank holds ceil(50 / tp) rows
+    emb = shards[(0, 0)][0]["embedding.word_embeddings.weight"]
+    assert emb.shape == (-(-50 // tp), 32)
+    last = shards[(0, pp - 1)][-1]
+    assert ("output_layer.weight" in last) == (not tie or pp > 1)
+
+
+def test_megatron_shapes_per_rank():
+    dims = model_dims(hf_model("qwen3", False).config)  # head_dim 16 ≠ hidden/heads
+    layout = ParallelLayout(4, 2, 2)
+    shard = hf_to_megatron(hf_model("qwen3", False).state_dict(), dims, layout, tp_rank=1, pp_rank=1)[0]
+    # stage 1 holds global layers 2,3 as local 0,1; qkv rows per rank: (2 groups / 2) × (2 q + k + v) × 16 = 64
+    assert shard["decoder.layers.1.self_attention.linear_qkv.weight"].shape == (64, 32)
+    assert shard["decoder.layers.0.self_attention.linear_proj.weight"].shape == (32, 32)  # 4 heads×16 / 2
+    assert shard["decoder.layers.0.mlp.linear_fc1.weight"].shape == (48, 32)  # 2×48 / 2
+    assert shard["decoder.layers.0.self_attention.q_layernorm.weight"].shape == (16,)
+    assert "decoder.layers.2.input_layernorm.weight" not in shard
+    assert "embedding.word_embeddings.weight" not in shard and "decoder.final_layernorm.weight" in shard
+
+
+def test_te_names_round_trip():
+    name = "decoder.layers.3.input_layernorm.weight"
+    assert te_name(name) == "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight"
+    assert local_spec_name(te_name(name)) == name
+    assert te_name("decoder.layers.0.mlp.linear_fc2.weight") == "decoder.layers.0.mlp.linear_fc2.weight"
+
+
+def test_transformer_config_mapping():
+    cfg = Qwen3Config(**SMALL, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e6)
+    dims = model_dims(cfg)
+    kw = transformer_config_kwargs(dims, tp=2, pp=2, sequence_parallel=True)
+    assert (kw["num_attention_heads"], kw["num_query_groups"], kw["kv_channels"], kw["ffn_hidden_size"]) == (4, 2, 16, 48)
+    assert kw["qk_layernorm"] and not kw["add_qkv_bias"] and kw["gated_linear_unit"] and kw["sequence_parallel"]
+    assert kw["layernorm_epsilon"] == 1e-5 and kw["normalization"] == "RMSNorm" and kw["params_dtype"] == torch.bfloat16
+    assert not transformer_config_kwargs(dims, tp=1, sequence_parallel=True)["sequence_parallel"]
+    g = gpt_model_kwargs(dims, tp=4)
+    assert g["vocab_size"] == 52 and g["rotary_base"] == 1e6 and not g["share_embeddings_and_output_weights"]
+    assert model_dims(Qwen2Config(**SMALL)).qkv_bias and not model_dims(LlamaConfig(**SMALL)).qkv_bias
+    llama3 = LlamaConfig(**{**SMALL, "max_position_embeddings": 16384}, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192, "rope_theta": 5e5})
+    g = gpt_model_kwargs(model_dims(llama3))
+    assert g["rope_scaling"] and g["rope_scaling_factor"] == 8.0 and g["rotary_base"] == 5e5
+
+
+def test_unsupported_architecture_lists_supported():
+    cfg = Qwen2Config(**SMALL)
+    cfg.architectures = ["MistralForCausalLM"]
+    with pytest.raises(KeyError, match="MistralForCausalLM.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+        model_dims(cfg)
+    yarn = Qwen2Config(**SMALL, rope_scaling={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                              "original_max_position_embeddings": 32})
+    with pytest.raises(ValueError, match="yarn"):
+        model_dims(yarn)
+
+
+def test_parallel_sizes_that_do_not_divide():
+    problems = check_layout(8, tp=3, pp=2, num_heads=4, num_kv_heads=2, num_layers=6)
+    text = "\n".join(problems)
+    assert "3×2×1 = 6 does not divide the world size 8" in text
+    assert "tensor_model_parallel_size=3 does not divide the model's num_attention_heads=4" in text
+    assert "num_key_value_heads=2" in text
+    layers = check_layout(8, tp=2, pp=4, vpp=2, num_heads=4, num_kv_heads=2, num_layers=12)
+    assert layers == ["megatron: the model's num_hidden_layers=12 do not split evenly into "
+                      "pipeline_model_parallel_size × virtual_pipeline_model_parallel_size = 4×2 = 8 model chunks"]
+    assert "needs pipeline_model_parallel_size >= 2" in check_layout(2, 1, 1, vpp=2)[0]
+    with pytest.raises(ValueError, match="invalid megatron parallel layout"):
+        require_layout(6, 4, 1)
+    layout = require_layout(8, 2, 2)
+    # rank = tp + TP·(cp + CP·(dp + DP·pp)): rank 5 = tp 1, dp 0, pp 1 with TP 2, DP 2
+    assert layout.dp == 2 and layout.coords(5) == {"tp": 1, "cp": 0, "dp": 0, "pp": 1}
+
+
+def test_align_batch_maps_response_positions():
+    # prompt width 4 (left-padded), response width 3 (right-padded); row 0 has 2 pads, row 1 none
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 0],
+                        [1, 2, 3, 4, 9, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0],
+                         [1, 1, 1, 1, 1, 0, 0]])
+    a = align_batch(ids, mask, response_length=3, multiple_of=4)
+    # longest real run is 5 tokens → width rounded up to 8; row 0 shifted left by 2
+    assert a.input_ids.shape == (2, 8)
+    assert a.input_ids[0, :4].tolist() == [5, 6, 7, 8] and a.input_ids[1, :5].tolist() == [1, 2, 3, 4, 9]
+    # response token j of row 0 sits at aligned 2 + j and is predicted from aligned 1 + j
+    assert a.hidden_index.tolist() == [[1, 2, 3], [3, 4, 5]]
+    assert a.targets.tolist() == [[7, 8, 0], [9, 0, 0]]
+    with pytest.raises(ValueError, match="row 0 .* contiguous"):
+        align_batch(ids, torch.tensor([[1, 0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]]), 3)

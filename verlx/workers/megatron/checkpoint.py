@@ -1,0 +1,174 @@
+"""Megatron dist-checkpoints of one role (model chunks, optimizer, extras) and their export to HF safetensors.
+
+Layout of a role's directory (the same names as the FSDP backend's, so the driver's completeness checks hold):
+  dcp/                megatron-core dist_checkpointing (torch_dist): global, layout-independent tensor keys,
+                      so a checkpoint reloads under another TP/PP layout
+  extra_rank{r}.pt    lr-schedule step and RNG state per rank
+  huggingface/        config + tokenizer of the model, for export
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+from verlx.utils.seeding import rng_state, set_rng_state
+from verlx.workers.megatron.architectures import model_dims
+from verlx.workers.megatron.weight_layout import is_tied_copy, param_specs, split_to_hf, te_name
+
+logger = logging.getLogger(__name__)
+HF_SUBDIR = "huggingface"
+DIST_SUBDIR = "dcp"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+class MegatronCheckpointManager:
+    def __init__(self, chunks, optimizer=None, lr_scheduler=None, tokenizer=None, hf_config=None):
+        self.chunks = [getattr(c, "module", c) for c in chunks]  # DDP wrappers have no sharded_state_dict
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.tokenizer, self.hf_config = tokenizer, hf_config
+
+    def _sharded(self, is_loading: bool) -> dict:
+        state = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(self.chunks)}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.sharded_state_dict(dict(state), is_loading=is_loading)
+        return state
+
+    def save(self, path: str) -> None:
+        from megatron.core import dist_checkpointing
+
+        os.makedirs(os.path.join(path, DIST_SUBDIR), exist_ok=True)
+        dist_checkpointing.save(self._sharded(is_loading=False), os.path.join(path, DIST_SUBDIR))
+        extra = {"lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None, "rng": rng_state()}
+        torch.save(extra, os.path.join(path, f"extra_rank{_rank()}.pt"))
+        if _rank() == 0 and self.hf_config is not None:
+            hf_dir = os.path.join(path, HF_SUBDIR)
+            self.hf_config.save_pretrained(hf_dir)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(hf_dir)
+        if dist.is_initialized():
+            dist.barrier()
+
+    def load(self, path: str) -> None:
+        from megatron.core import dist_checkpointing
+
+        ckpt = os.path.join(path, DIST_SUBDIR)
+        if not os.path.isdir(ckpt):
+            raise FileNotFoundError(f"checkpoint {path} has no {DIST_SUBDIR}/ directory (megatron dist-checkpoint)")
+        state = dist_checkpointing.load(self._sharded(is_loading=True), ckpt)
+        for i, chunk in enumerate(self.chunks):
+            chunk.load_state_dict(state[f"model{i}"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        extra_path = os.path.join(path, f"extra_rank{_rank()}.pt")
+        if not os.path.exists(extra_path):
+            logger.warning("%s missing (checkpoint from another world size); using rank 0's schedule state and "
+                           "fresh RNG state", extra_path)
+            extra = torch.load(os.path.join(path, "extra_rank0.pt"), weights_only=False)
+            extra.pop("rng", None)
+        else:
+            extra = torch.load(extra_path, weights_only=False)
+        if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        if "rng" in extra:
+            set_rng_state(extra["rng"])
+
+
+# ---------------------------------------------------------------------- export to HF
+def _dist_keys(ckpt: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(ckpt).read_metadata()
+    return {k: (tuple(m.size), m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
+            if isinstance(m, TensorStorageMetadata)}
+
+
+def _read(ckpt: str, key: str, shape, dtype) -> torch.Tensor:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    state = {key: torch.empty(shape, dtype=dtype)}
+    dcp.load(state, storage_reader=FileSystemReader(ckpt))
+    return state[key]
+
+
+def _stored_key(name: str, keys) -> str:
+    """The dist-checkpoint key of a megatron parameter (layer index stripped: layers are stacked on dim 0)."""
+    generic = "gpt." + name.split(".", 3)[0] + ".layers." + name.split(".", 3)[3] if ".layers." in name \
+        else "gpt." + name
+    for candidate in (generic, te_name(generic)):
+        if candidate in keys:
+            return candidate
+    raise KeyError(f"the checkpoint has no tensor for megatron parameter {name} (looked for {generic!r})")
+
+
+def export_megatron_checkpoint(ckpt_dir: str, out_dir: str, max_shard_bytes: int = 4 << 30,
+                               dtype: torch.dtype | None = None) -> list[str]:
+    """Write a megatron actor checkpoint (`.../global_step_N/actor`) as an HF model directory (safetensors shards,
+    index, config, tokenizer); one stacked parameter is in memory at a time. Returns the files written.
+
+    This is the megatron half of `python -m verlx.model_merger`; no process group is needed.
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    hf_src = os.path.join(ckpt_dir, HF_SUBDIR)
+    ckpt = os.path.join(ckpt_dir, DIST_SUBDIR)
+    if not os.path.isdir(ckpt) or not os.path.isdir(hf_src):
+        raise FileNotFoundError(f"{ckpt_dir} is not a megatron role checkpoint: it needs {DIST_SUBDIR}/ and "
+                                f"{HF_SUBDIR}/ (point at global_step_N/actor)")
+    hf_config = AutoConfig.from_pretrained(hf_src)
+    dims = model_dims(hf_config)
+    keys = _dist_keys(ckpt)
+    groups: dict[str, list] = {}
+    for spec in param_specs(dims):
+        if not is_tied_copy(spec, dims):
+            groups.setdefault(_stored_key(spec.name, keys), []).append(spec)
+    os.makedirs(out_dir, exist_ok=True)
+    written: list[tuple[str, list[str]]] = []  # (temporary file, tensor names)
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        tmp = os.path.join(out_dir, f".shard-{len(written):05d}.tmp")
+        save_file(shard, tmp, metadata={"format": "pt"})
+        written.append((tmp, list(shard)))
+        shard, size = {}, 0
+
+    for key, specs in groups.items():
+        stacked = _read(ckpt, key, *keys[key])  # every layer's copy of one parameter: read once
+        for spec in specs:
+            merged = stacked[spec.layer] if spec.layer is not None else stacked
+            for name, tensor in split_to_hf(spec, merged, dims):
+                tensor = tensor.to(dtype) if dtype is not None else tensor
+                nbytes = tensor.numel() * tensor.element_size()
+                if shard and size + nbytes > max_shard_bytes:
+                    flush()
+                shard[name] = tensor.contiguous().clone()
+                size += nbytes
+        del stacked
+    if shard:
+        flush()
+    files, weight_map = [], {}
+    for i, (tmp, names) in enumerate(written):
+        fname = f"model-{i + 1:05d}-of-{len(written):05d}.safetensors" if len(written) > 1 else "model.safetensors"
+        os.replace(tmp, os.path.join(out_dir, fname))
+        files.append(fname)
+        weight_map.update({n: fname for n in names})
+    if len(written) > 1:
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
+    for name in os.listdir(hf_src):
+        if not name.endswith(".safetensors"):
+            with open(os.path.join(hf_src, name), "rb") as src, open(os.path.join(out_dir, name), "wb") as dst:
+                dst.write(src.read())
+    return files

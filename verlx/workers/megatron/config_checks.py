@@ -1,0 +1,76 @@
+"""Checks of a strategy=megatron config, run by config validation before Ray starts (no megatron-core import)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from verlx.workers.megatron import INSTALL_COMMAND, megatron_core_available
+from verlx.workers.megatron.architectures import ARCHITECTURES
+from verlx.workers.megatron.parallel import check_layout
+
+_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+          "virtual_pipeline_model_parallel_size")
+
+
+def _model_shape(path: str) -> dict | None:
+    config_file = os.path.join(os.path.expanduser(os.path.expandvars(path)), "config.json")
+    if not os.path.isfile(config_file):
+        return None  # reported by the path checks
+    with open(config_file) as f:
+        raw = json.load(f)
+    heads = raw.get("num_attention_heads")
+    return {"architectures": raw.get("architectures") or [], "num_heads": heads,
+            "num_kv_heads": raw.get("num_key_value_heads") or heads, "num_layers": raw.get("num_hidden_layers")}
+
+
+def megatron_problems(cfg, world_size: int, megatron_installed: bool | None = None) -> list[str]:
+    """Every problem of the megatron parts of `cfg` (a PPOConfig); empty when no role uses megatron."""
+    arr = cfg.actor_rollout_ref
+    actor_meg = arr.actor.strategy == "megatron"
+    critic_meg = cfg.use_critic and cfg.critic.strategy == "megatron"
+    if not (actor_meg or critic_meg):
+        return []
+    installed = megatron_core_available() if megatron_installed is None else megatron_installed
+    problems = []
+    if not installed:
+        problems.append(f"strategy=megatron needs megatron-core, which is not installed; install it with: "
+                        f"{INSTALL_COMMAND}")
+    if cfg.use_critic and actor_meg != critic_meg:
+        problems.append(f"actor_rollout_ref.actor.strategy={arr.actor.strategy} but critic.strategy="
+                        f"{cfg.critic.strategy}: colocated roles must use the same backend when one is megatron")
+    roles = []
+    if actor_meg:
+        roles.append(("actor_rollout_ref.actor.megatron", arr.actor.megatron, arr.model.path))
+        if cfg.use_reference:
+            roles.append(("actor_rollout_ref.ref.megatron", arr.ref.megatron, arr.model.path))
+    if critic_meg:
+        roles.append(("critic.megatron", cfg.critic.megatron, cfg.critic.model.path or arr.model.path))
+    for key, m, path in roles:
+        shape = _model_shape(path) or {}
+        archs = shape.pop("architectures", [])
+        unsupported = [a for a in archs[:1] if a not in ARCHITECTURES]
+        if unsupported:
+            problems.append(f"{key}: the model at {path} is a {unsupported[0]}, which has no megatron converter; "
+                            f"supported architectures: {', '.join(ARCHITECTURES.names())}")
+        problems += check_layout(world_size, m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                                 m.context_parallel_size, m.virtual_pipeline_model_parallel_size, key=key, **shape)
+        for flag in ("param_offload", "grad_offload", "optimizer_offload"):
+            if getattr(m, flag):
+                problems.append(f"{key}.{flag}=true is not supported by the megatron backend yet; set it to false")
+        if m.expert_model_parallel_size != 1:
+            problems.append(f"{key}.expert_model_parallel_size={m.expert_model_parallel_size}: only dense models "
+                            "are supported; set it to 1")
+    first_key, first, _ = roles[0]
+    for key, m, _ in roles[1:]:
+        differing = [s for s in _SIZES if getattr(m, s) != getattr(first, s)]
+        if differing:
+            problems.append(f"{key} differs from {first_key} in {differing}: megatron keeps one parallel layout "
+                            "per process, so colocated roles must use the same sizes")
+    return problems
+
+
+def model_parallel_size(role_cfg) -> int:
+    """GPUs that share one data-parallel shard of a megatron role."""
+    m = role_cfg.megatron
+    return m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
