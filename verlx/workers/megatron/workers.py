@@ -17,7 +17,8 @@ from verlx.utils.distributed import init_distributed
 from verlx.utils.seeding import seed_everything
 from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 from verlx.workers.critic_worker import CriticWorker
-from verlx.workers.fsdp.model_builder import expand_path, load_hf_config, torch_dtype
+from verlx.utils.dtypes import torch_dtype
+from verlx.workers.fsdp.model_builder import expand_path, load_hf_config
 from verlx.workers.megatron import require_megatron_core
 from verlx.workers.megatron.architectures import model_dims
 from verlx.workers.tokenizer import load_tokenizer
