@@ -1,0 +1,125 @@
+"""The preallocated per-slot KV cache and how many slots fit.
+
+Layout [layers, 2, slots, kv_heads, max_len, head_dim]: every slot owns a contiguous max_len stretch per
+head. Decode attention is then one batched SDPA over `cache[:, :, :b, :, :L]` — a strided view, no gather,
+no copy — which is the fastest thing pure torch offers; a paged cache would need a per-step gather (a full
+extra copy of the KV) or a custom kernel. The price is that every slot reserves max_model_len tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from verlx.rollout.native.architectures import ModelSpec
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    slots: int
+    max_len: int
+    bytes_per_token: int
+    budget_tokens: int  # what the memory budget allowed, before max_num_seqs capped the slots
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots * self.max_len * self.bytes_per_token
+
+
+def kv_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
+    return spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def workspace_bytes(spec: ModelSpec, dtype: torch.dtype, slots: int, prefill_tokens: int) -> int:
+    """Generous estimate of activations: float32 logits and sampling temporaries per slot, prefill activations."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_slot = spec.vocab_size * (elem + 4 * 4)
+    per_token = elem * (6 * spec.hidden_size + 2 * spec.qkv_rows + 3 * spec.intermediate_size)
+    return slots * per_slot + prefill_tokens * per_token
+
+
+def plan_cache(
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    max_len: int,
+    max_num_seqs: int,
+    kv_cache_tokens: int | None,
+    gpu_memory_utilization: float,
+    weight_bytes: int,
+    prefill_tokens: int,
+) -> CachePlan:
+    """Slots = min(max_num_seqs, budget // max_len). The budget is `kv_cache_tokens` if given; on a GPU,
+    otherwise, gpu_memory_utilization × total memory minus weights and activations (vLLM's meaning)."""
+    per_token = kv_bytes_per_token(spec, dtype)
+    if kv_cache_tokens is not None:
+        budget_tokens, source = int(kv_cache_tokens), f"engine_kwargs.native.kv_cache_tokens={kv_cache_tokens}"
+    elif device.type == "cuda":
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        total = torch.cuda.get_device_properties(device).total_memory
+        fixed = workspace_bytes(spec, dtype, 0, prefill_tokens)
+        per_slot_extra = workspace_bytes(spec, dtype, 1, 0)
+        usable = int(gpu_memory_utilization * total) - weight_bytes - fixed
+        # each slot costs its KV plus its share of the sampling workspace
+        budget_tokens = max(0, usable) // (per_token + per_slot_extra // max_len)
+        source = (
+            f"gpu_memory_utilization={gpu_memory_utilization} of {total / 2**30:.1f} GiB minus "
+            f"{weight_bytes / 2**30:.2f} GiB weights and {fixed / 2**30:.2f} GiB activations"
+        )
+    else:
+        budget_tokens, source = max_num_seqs * max_len, "no limit on CPU"
+    slots = min(max_num_seqs, budget_tokens // max_len)
+    if slots < 1:
+        raise ValueError(
+            f"native engine KV cache too small: {source} leaves room for {budget_tokens} tokens "
+            f"({budget_tokens * per_token / 2**20:.1f} MiB at {per_token} bytes/token), but one sequence of "
+            f"max_model_len={max_len} needs {max_len} tokens ({max_len * per_token / 2**20:.1f} MiB). Raise "
+            "rollout.gpu_memory_utilization or engine_kwargs.native.kv_cache_tokens, or lower "
+            "rollout.max_model_len / prompt_length + response_length."
+        )
+    return CachePlan(slots=slots, max_len=max_len, bytes_per_token=per_token, budget_tokens=budget_tokens)
+
+
+class KVCache:
+    """Per-slot keys and values of every layer, plus the index arithmetic to write into them."""
+
+    def __init__(self, spec: ModelSpec, plan: CachePlan, dtype: torch.dtype, device: torch.device):
+        self.spec, self.plan = spec, plan
+        s, h, length, d = plan.slots, spec.num_kv_heads, plan.max_len, spec.head_dim
+        # zeros, not empty: masked positions still enter SDPA, and stale NaN bit patterns would poison it
+        self.data = torch.zeros(spec.num_layers, 2, s, h, length, d, dtype=dtype, device=device)
+        self._rows = self.data.view(spec.num_layers, 2, s * h * length, d)
+        self.slot_head_base = (
+            torch.arange(s, device=device)[:, None] * h + torch.arange(h, device=device)[None, :]
+        ) * length
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data[i, 0], self.data[i, 1]
+
+    def decode_rows(self, pos: torch.Tensor) -> torch.Tensor:
+        """Flat row index of (slot, head, pos[slot]) for slots 0..b-1 -> [b * kv_heads]."""
+        return (self.slot_head_base[: pos.shape[0]] + pos[:, None]).reshape(-1)
+
+    def write_decode(self, i: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        d = self.spec.head_dim
+        self._rows[i, 0].index_copy_(0, rows, k.reshape(-1, d))
+        self._rows[i, 1].index_copy_(0, rows, v.reshape(-1, d))
+
+    def write_prefill(self, i: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [len(slots), kv_heads, L, head_dim] into positions 0..L-1 of the given slots."""
+        length = k.shape[2]
+        self.data[i, 0, slots, :, :length] = k
+        self.data[i, 1, slots, :, :length] = v
+
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Copy the first `length` positions of slots src into slots dst (compaction), layer by layer."""
+        for i in range(self.spec.num_layers):
+            block = self.data[i, :, :, :, :length]
+            block.index_copy_(1, dst, block.index_select(1, src))

@@ -1,0 +1,146 @@
+"""The compact decoder (Llama/Qwen2/Qwen3/Mistral): prefill into the cache, one-token decode, scoring.
+
+Written as plain functions over the fused weights so the decode step is a fixed sequence of kernels a CUDA
+graph can capture: no allocation that depends on data, no host sync, no Python branching on tensor values.
+The op order mirrors transformers' (float32 RMSNorm statistics, RoPE as x*cos + rotate_half(x)*sin in the
+model dtype) so float32 logits agree with HF to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from verlx.rollout.native.architectures import ModelSpec
+from verlx.rollout.native.kv_cache import KVCache
+from verlx.rollout.native.weights import WeightStore
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class NativeModel:
+    """Forward passes over a WeightStore; the cache is passed in so it can sleep independently."""
+
+    def __init__(self, spec: ModelSpec, weights: WeightStore, cos: torch.Tensor, sin: torch.Tensor):
+        self.spec, self.weights = spec, weights
+        self.cos, self.sin = cos, sin
+        self.key_positions = torch.arange(cos.shape[0], device=cos.device)
+        self.windows = sorted({w for w in spec.sliding_windows if w is not None})
+
+    # ------------------------------------------------------------------ shared pieces
+    def _project_qkv(self, x: torch.Tensor, lw: dict, cos: torch.Tensor, sin: torch.Tensor):
+        """x [T, hidden] -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] with q/k norm and RoPE applied."""
+        s = self.spec
+        hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        qkv = F.linear(x, lw["qkv_w"], lw.get("qkv_b")).view(-1, hq + 2 * hkv, d)
+        q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+        if s.features.qk_norm:
+            q = rms_norm(q, lw["q_norm"], s.rms_norm_eps)
+            k = rms_norm(k, lw["k_norm"], s.rms_norm_eps)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def _finish_layer(self, h: torch.Tensor, attn: torch.Tensor, lw: dict) -> torch.Tensor:
+        h = h + F.linear(attn, lw["o_w"], lw.get("o_b"))
+        x = rms_norm(h, lw["post_norm"], self.spec.rms_norm_eps)
+        gate_up = F.linear(x, lw["gate_up_w"], lw.get("gate_up_b"))
+        inter = self.spec.intermediate_size
+        return h + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], lw["down_w"], lw.get("down_b"))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        p = self.weights.params
+        return F.linear(rms_norm(h, p["norm"], self.spec.rms_norm_eps), p["lm_head"])
+
+    # ------------------------------------------------------------------ prefill / scoring
+    def _prompt_masks(self, length: int) -> dict[int | None, torch.Tensor | None]:
+        """Per window: None (plain causal) or an explicit [L, L] causal+window mask."""
+        masks: dict[int | None, torch.Tensor | None] = {None: None}
+        q = self.key_positions[:length, None]
+        kpos = self.key_positions[None, :length]
+        for w in self.windows:
+            masks[w] = None if length <= w else (kpos <= q) & (q - kpos < w)
+        return masks
+
+    def forward_prompt(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,
+        owner: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Right-padded prompts [b, L] -> final hidden states [b, L, hidden].
+
+        With a cache, each prompt's keys/values go to positions 0..L-1 of the slots that sample from it:
+        slots[i] receives prompt owner[i] (n samples of one prompt share one prefill).
+        """
+        s = self.spec
+        b, length = tokens.shape
+        hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        h = F.embedding(tokens.reshape(-1), self.weights.params["embed"])
+        cos = self.cos[:length].repeat(b, 1)[:, None, :]
+        sin = self.sin[:length].repeat(b, 1)[:, None, :]
+        masks = self._prompt_masks(length)
+        for i in range(s.num_layers):
+            lw = self.weights.layer(i)
+            q, k, v = self._project_qkv(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw, cos, sin)
+            q = q.view(b, length, hq, d).transpose(1, 2)
+            k = k.view(b, length, hkv, d).transpose(1, 2)
+            v = v.reshape(b, length, hkv, d).transpose(1, 2)
+            if cache is not None:
+                cache.write_prefill(i, slots, k.index_select(0, owner), v.index_select(0, owner))
+            mask = masks[s.sliding_windows[i]]
+            attn = F.scaled_dot_product_attention(
+                q,
+                k.repeat_interleave(s.group_size, dim=1),
+                v.repeat_interleave(s.group_size, dim=1),
+                attn_mask=mask,
+                is_causal=mask is None,
+            )
+            h = self._finish_layer(h, attn.transpose(1, 2).reshape(b * length, hq * d), lw)
+        return h.view(b, length, -1)
+
+    def score(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits of every position of unpadded sequences [b, L] -> [b, L, vocab] (tests and debugging)."""
+        return self.logits(self.forward_prompt(tokens))
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int) -> torch.Tensor:
+        """One token per slot 0..b-1 at positions pos -> logits [b, vocab]; writes the tokens' K/V.
+
+        Attention runs over cache positions [0, kv_len) of slots [0, b) with a mask (key <= pos, and the
+        window where configured). GQA is folded into the query length: the G query heads that share a KV
+        head become G queries of one head, so K/V are read once per KV head and never expanded.
+        """
+        s = self.spec
+        b = tokens.shape[0]
+        hkv, g, d = s.num_kv_heads, s.group_size, s.head_dim
+        h = F.embedding(tokens, self.weights.params["embed"])
+        cos = self.cos.index_select(0, pos)[:, None, :]
+        sin = self.sin.index_select(0, pos)[:, None, :]
+        keys = self.key_positions[None, :kv_len]
+        visible = keys <= pos[:, None]
+        masks = {None: visible[:, None, None, :]}
+        for w in self.windows:
+            masks[w] = (visible & (keys > pos[:, None] - w))[:, None, None, :]
+        rows = cache.decode_rows(pos)
+        for i in range(s.num_layers):
+            lw = self.weights.layer(i)
+            q, k, v = self._project_qkv(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw, cos, sin)
+            cache.write_decode(i, rows, k, v)
+            k_cache, v_cache = cache.layer(i)
+            attn = F.scaled_dot_product_attention(
+                q.reshape(b, hkv, g, d),
+                k_cache[:b, :, :kv_len],
+                v_cache[:b, :, :kv_len],
+                attn_mask=masks[s.sliding_windows[i]],
+            )
+            h = self._finish_layer(h, attn.reshape(b, hkv * g * d), lw)
+        return self.logits(h)
