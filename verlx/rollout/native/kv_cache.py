@@ -91,10 +91,8 @@ class KVCache:
         s, h, length, d = plan.slots, spec.num_kv_heads, plan.max_len, spec.head_dim
         # zeros, not empty: masked positions still enter SDPA, and stale NaN bit patterns would poison it
         self.data = torch.zeros(spec.num_layers, 2, s, h, length, d, dtype=dtype, device=device)
-        self._rows = self.data.view(spec.num_layers, 2, s * h * length, d)
-        self.slot_head_base = (
-            torch.arange(s, device=device)[:, None] * h + torch.arange(h, device=device)[None, :]
-        ) * length
+        self._slot_ids = torch.arange(s, device=device)[:, None]
+        self._head_ids = torch.arange(h, device=device)[None, :]
 
     @property
     def nbytes(self) -> int:
@@ -103,14 +101,14 @@ class KVCache:
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[i, 0], self.data[i, 1]
 
-    def decode_rows(self, pos: torch.Tensor) -> torch.Tensor:
-        """Flat row index of (slot, head, pos[slot]) for slots 0..b-1 -> [b * kv_heads]."""
-        return (self.slot_head_base[: pos.shape[0]] + pos[:, None]).reshape(-1)
+    def decode_index(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(slot, head, position) index of the token at pos[slot] for slots 0..b-1, broadcast to [b, kv_heads]."""
+        return self._slot_ids[: pos.shape[0]], self._head_ids, pos[:, None]
 
-    def write_decode(self, i: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        d = self.spec.head_dim
-        self._rows[i, 0].index_copy_(0, rows, k.reshape(-1, d))
-        self._rows[i, 1].index_copy_(0, rows, v.reshape(-1, d))
+    def write_decode(self, i: int, index: tuple, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [b, kv_heads, head_dim] (any strides) into their slots at their positions: one kernel each."""
+        self.data[i, 0].index_put_(index, k)
+        self.data[i, 1].index_put_(index, v)
 
     def write_prefill(self, i: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [len(slots), kv_heads, L, head_dim] into positions 0..L-1 of the given slots."""

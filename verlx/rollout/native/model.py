@@ -16,15 +16,21 @@ from verlx.rollout.native.kv_cache import KVCache
 from verlx.rollout.native.weights import WeightStore
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: statistics in float32, normalised value cast back, then scaled (one kernel on recent torch)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x*cos + rotate_half(x)*sin, with rotate_half(x)*sin = roll(x, D/2) * cat(-sin, sin): 4 kernels, same bits."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+
+
+def _linear_residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """h + x @ weight.T (+ bias) as one GEMM when there is no bias."""
+    if bias is None:
+        return torch.addmm(h, x, weight.t())
+    return h + F.linear(x, weight, bias)
 
 
 class NativeModel:
@@ -32,28 +38,36 @@ class NativeModel:
 
     def __init__(self, spec: ModelSpec, weights: WeightStore, cos: torch.Tensor, sin: torch.Tensor):
         self.spec, self.weights = spec, weights
-        self.cos, self.sin = cos, sin
+        half = cos.shape[-1] // 2
+        self.cos, self.sin_signed = cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         self.key_positions = torch.arange(cos.shape[0], device=cos.device)
         self.windows = sorted({w for w in spec.sliding_windows if w is not None})
+        # device scalars made here, not in the decode step: a host-to-device copy cannot be graph-captured
+        self._mask_values = (
+            torch.zeros((), dtype=cos.dtype, device=cos.device),
+            torch.full((), float("-inf"), dtype=cos.dtype, device=cos.device),
+        )
 
     # ------------------------------------------------------------------ shared pieces
     def _project_qkv(self, x: torch.Tensor, lw: dict, cos: torch.Tensor, sin: torch.Tensor):
-        """x [T, hidden] -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] with q/k norm and RoPE applied."""
+        """x [T, hidden] -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] with q/k norm and RoPE applied.
+
+        q and k are normalised and rotated together: they sit next to each other in the fused projection."""
         s = self.spec
         hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
         qkv = F.linear(x, lw["qkv_w"], lw.get("qkv_b")).view(-1, hq + 2 * hkv, d)
-        q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+        qk = qkv[:, : hq + hkv]
         if s.features.qk_norm:
-            q = rms_norm(q, lw["q_norm"], s.rms_norm_eps)
-            k = rms_norm(k, lw["k_norm"], s.rms_norm_eps)
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
+            qk = rms_norm(qk, None, s.rms_norm_eps) * lw["qk_norm"]
+        qk = rotate(qk, cos, sin)
+        return qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
 
     def _finish_layer(self, h: torch.Tensor, attn: torch.Tensor, lw: dict) -> torch.Tensor:
-        h = h + F.linear(attn, lw["o_w"], lw.get("o_b"))
-        x = rms_norm(h, lw["post_norm"], self.spec.rms_norm_eps)
-        gate_up = F.linear(x, lw["gate_up_w"], lw.get("gate_up_b"))
+        """Output projection, residual, post-norm, SwiGLU MLP, residual; residual adds ride in the GEMM epilogue."""
+        h = _linear_residual(h, attn, lw["o_w"], lw.get("o_b"))
+        gate_up = F.linear(rms_norm(h, lw["post_norm"], self.spec.rms_norm_eps), lw["gate_up_w"], lw.get("gate_up_b"))
         inter = self.spec.intermediate_size
-        return h + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], lw["down_w"], lw.get("down_b"))
+        return _linear_residual(h, F.silu(gate_up[:, :inter]) * gate_up[:, inter:], lw["down_w"], lw.get("down_b"))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         p = self.weights.params
@@ -86,7 +100,7 @@ class NativeModel:
         hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
         h = F.embedding(tokens.reshape(-1), self.weights.params["embed"])
         cos = self.cos[:length].repeat(b, 1)[:, None, :]
-        sin = self.sin[:length].repeat(b, 1)[:, None, :]
+        sin = self.sin_signed[:length].repeat(b, 1)[:, None, :]
         masks = self._prompt_masks(length)
         for i in range(s.num_layers):
             lw = self.weights.layer(i)
@@ -124,17 +138,13 @@ class NativeModel:
         hkv, g, d = s.num_kv_heads, s.group_size, s.head_dim
         h = F.embedding(tokens, self.weights.params["embed"])
         cos = self.cos.index_select(0, pos)[:, None, :]
-        sin = self.sin.index_select(0, pos)[:, None, :]
-        keys = self.key_positions[None, :kv_len]
-        visible = keys <= pos[:, None]
-        masks = {None: visible[:, None, None, :]}
-        for w in self.windows:
-            masks[w] = (visible & (keys > pos[:, None] - w))[:, None, None, :]
-        rows = cache.decode_rows(pos)
+        sin = self.sin_signed.index_select(0, pos)[:, None, :]
+        masks = self._decode_masks(pos, kv_len)
+        where = cache.decode_index(pos)
         for i in range(s.num_layers):
             lw = self.weights.layer(i)
             q, k, v = self._project_qkv(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw, cos, sin)
-            cache.write_decode(i, rows, k, v)
+            cache.write_decode(i, where, k, v)
             k_cache, v_cache = cache.layer(i)
             attn = F.scaled_dot_product_attention(
                 q.reshape(b, hkv, g, d),
@@ -144,3 +154,13 @@ class NativeModel:
             )
             h = self._finish_layer(h, attn.reshape(b, hkv * g * d), lw)
         return self.logits(h)
+
+    def _decode_masks(self, pos: torch.Tensor, kv_len: int) -> dict:
+        """Additive [b, 1, 1, kv_len] masks (0 visible, -inf hidden) per window, built once per step."""
+        keys = self.key_positions[None, :kv_len]
+        visible = keys <= pos[:, None]
+        zero, hidden = self._mask_values
+        masks = {None: torch.where(visible, zero, hidden)[:, None, None, :]}
+        for w in self.windows:
+            masks[w] = torch.where(visible & (keys > pos[:, None] - w), zero, hidden)[:, None, None, :]
+        return masks

@@ -119,13 +119,12 @@ def sample_tokens(
     steps: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [b, V] (any float dtype) -> (token ids [b] int64, log-probs [b] float32). No host syncs."""
-    x = logits.float()
-    if not plan.greedy and plan.temperature != 1.0:
-        x = x / plan.temperature
+    scaled = not plan.greedy and plan.temperature != 1.0
     block = None
     if plan.masks_stop_tokens and stop_ids is not None:
         block = (steps < plan.min_new_tokens)[:, None]  # [b, 1]: stop tokens forbidden for these rows
     if plan.greedy or plan.top_k > 0 or plan.top_p < 1.0:
+        x = logits.float() / plan.temperature if scaled else logits.float()
         lse = torch.logsumexp(x, dim=-1)
         if block is not None:
             x = x.clone() if x.data_ptr() == logits.data_ptr() else x
@@ -143,7 +142,8 @@ def sample_tokens(
         log_probs = x.gather(-1, tokens[:, None]).squeeze(-1) - lse
         return tokens, log_probs
     # plain sampling over the full vocabulary in vocabulary order: one softmax, one cumsum, a binary search
-    probs = torch.softmax(x, dim=-1)
+    # at T=1 softmax reads the model-dtype logits directly and computes in float32 (no float copy of [b, V])
+    probs = torch.softmax(logits.float() / plan.temperature if scaled else logits, dim=-1, dtype=torch.float32)
     if block is not None:
         # zeroing blocked stop tokens in place is safe for the log-prob below: a blocked row never picks one
         stop_probs = probs.index_select(1, stop_ids)

@@ -41,14 +41,14 @@ def _param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         if f.mlp_bias:
             shapes[p + "gate_up_b"] = (2 * inter,)
             shapes[p + "down_b"] = (h,)
-        if f.qk_norm:
-            shapes[p + "q_norm"] = (d,)
-            shapes[p + "k_norm"] = (d,)
+        if f.qk_norm:  # per-head weights of q heads then k heads: one multiply after a joint normalisation
+            shapes[p + "qk_norm"] = (spec.num_heads + spec.num_kv_heads, d)
     return shapes
 
 
 def _hf_targets(spec: ModelSpec) -> dict[str, tuple[str, int, int]]:
-    """HF name -> (engine parameter, first row, end row)."""
+    """HF name -> (engine parameter, first row, end row). A 1-D HF tensor aimed at 2-D rows (q/k norm) is
+    broadcast over those rows."""
     q_rows = spec.num_heads * spec.head_dim
     kv_rows = spec.num_kv_heads * spec.head_dim
     inter = spec.intermediate_size
@@ -78,8 +78,9 @@ def _hf_targets(spec: ModelSpec) -> dict[str, tuple[str, int, int]]:
         targets[f"{hf}input_layernorm.weight"] = (f"{ours}in_norm", 0, spec.hidden_size)
         targets[f"{hf}post_attention_layernorm.weight"] = (f"{ours}post_norm", 0, spec.hidden_size)
         if spec.features.qk_norm:
-            targets[f"{hf}self_attn.q_norm.weight"] = (f"{ours}q_norm", 0, spec.head_dim)
-            targets[f"{hf}self_attn.k_norm.weight"] = (f"{ours}k_norm", 0, spec.head_dim)
+            heads = spec.num_heads
+            targets[f"{hf}self_attn.q_norm.weight"] = (f"{ours}qk_norm", 0, heads)
+            targets[f"{hf}self_attn.k_norm.weight"] = (f"{ours}qk_norm", heads, heads + spec.num_kv_heads)
     return targets
 
 
@@ -166,9 +167,10 @@ class WeightStore:
                 )
             param, r0, r1 = target
             view = self.params[param][r0:r1]
-            if tuple(tensor.shape) != tuple(view.shape):
+            expected = tuple(view.shape[1:]) if name.endswith(("q_norm.weight", "k_norm.weight")) else tuple(view.shape)
+            if tuple(tensor.shape) != expected:
                 raise ValueError(
-                    f"native engine weight '{name}' has shape {tuple(tensor.shape)}, expected {tuple(view.shape)} "
+                    f"native engine weight '{name}' has shape {tuple(tensor.shape)}, expected {expected} "
                     f"(from the engine's model config: {self.spec.architecture}, hidden {self.spec.hidden_size}, "
                     f"{self.spec.num_layers} layers)"
                 )
