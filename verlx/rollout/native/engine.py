@@ -15,6 +15,7 @@ import torch
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, RolloutEngine, build_rollout_batch, register_engine, resolve_sampling
 from verlx.rollout.native.architectures import model_spec
+from verlx.rollout.native.decode_ops import DECODE_BACKENDS, check_backend, select_backend
 from verlx.rollout.native.graphs import DecodeRunner
 from verlx.rollout.native.kv_cache import KVCache, plan_cache
 from verlx.rollout.native.model import NativeModel
@@ -43,8 +44,11 @@ class NativeOptions:
     sync_interval: int = 16
     # refill freed slots once this fraction of all slots is free (or every waiting row fits)
     refill_fraction: float = 0.125
-    # granularity of the KV length buckets decode attention runs over (and of its CUDA graphs)
+    # granularity of the KV length buckets the torch decode backend attends over (and of its CUDA graphs)
     kv_len_block: int = 128
+    # decode attention/RoPE/SwiGLU: auto (triton on CUDA bf16/fp16 if it passes a self-test, else torch),
+    # torch or triton
+    decode_backend: str = "auto"
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "NativeOptions":
@@ -93,8 +97,6 @@ class NativeEngine(RolloutEngine):
         self.weights = WeightStore(self.spec, self.dtype, self.device)
         self.weights.allocate()
         self._load_initial_weights()
-        cos, sin = rope_tables(ctx.hf_config, self.spec.head_dim, self.max_len, self.dtype, self.device)
-        self.model = NativeModel(self.spec, self.weights, cos, sin)
         self.cache_plan = plan_cache(
             self.spec, self.dtype, self.device,
             max_len=self.max_len,
@@ -104,6 +106,9 @@ class NativeEngine(RolloutEngine):
             weight_bytes=self.weights.nbytes,
             prefill_tokens=int(cfg.max_num_batched_tokens),
         )
+        cos, sin = rope_tables(ctx.hf_config, self.spec.head_dim, self.cache_plan.max_len, self.dtype, self.device)
+        backend = select_backend(self.options.decode_backend, self.device, self.dtype)
+        self.model = NativeModel(self.spec, self.weights, cos, sin, backend)
         self.runner = DecodeRunner(self._decode_step, self.device, use_graphs=not cfg.enforce_eager)
         self.cache: KVCache | None = None
         self.state: SlotState | None = None
@@ -112,6 +117,13 @@ class NativeEngine(RolloutEngine):
         self._calls = 0
         self.last_stats: dict | None = None
         self._wake_kv_cache()
+        if not check_backend(self.model, backend, self.cache):
+            if self.options.decode_backend != "auto":
+                raise RuntimeError(f"engine_kwargs.native.decode_backend={backend} failed its self-test on this "
+                                   "device (see the warning above); use decode_backend=torch")
+            backend = "torch"
+            self.model.decode_ops = DECODE_BACKENDS.get(backend)(self.model)
+        self.decode_backend = backend
 
     # ------------------------------------------------------------------ weights
     def _load_initial_weights(self) -> None:
@@ -146,6 +158,10 @@ class NativeEngine(RolloutEngine):
         self.cache, self.state = None, None
         self.weights.sleep(keep_host_copy=int(self.config.sleep_level) < 2)
         if self.device.type == "cuda":
+            # cuBLAS keeps a workspace per stream (graph capture uses its own); release them with the cache
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:
+                clear_workspaces()
             torch.cuda.empty_cache()
 
     def wake_up(self, tags: Iterable[str] = WAKE_TAGS) -> None:

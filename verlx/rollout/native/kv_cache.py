@@ -18,7 +18,7 @@ from verlx.rollout.native.architectures import ModelSpec
 @dataclass(frozen=True)
 class CachePlan:
     slots: int
-    max_len: int
+    max_len: int  # positions per slot: max_model_len rounded up to a multiple of 16
     bytes_per_token: int
     budget_tokens: int  # what the memory budget allowed, before max_num_seqs capped the slots
 
@@ -54,6 +54,8 @@ def plan_cache(
     """Slots = min(max_num_seqs, budget // max_len). The budget is `kv_cache_tokens` if given; on a GPU,
     otherwise, gpu_memory_utilization × total memory minus weights and activations (vLLM's meaning)."""
     per_token = kv_bytes_per_token(spec, dtype)
+    # rows padded to a multiple of 16 keep every KV-length bucket aligned for the fused attention kernels
+    padded = -(-max_len // 16) * 16
     if kv_cache_tokens is not None:
         budget_tokens, source = int(kv_cache_tokens), f"engine_kwargs.native.kv_cache_tokens={kv_cache_tokens}"
     elif device.type == "cuda":
@@ -64,23 +66,23 @@ def plan_cache(
         per_slot_extra = workspace_bytes(spec, dtype, 1, 0)
         usable = int(gpu_memory_utilization * total) - weight_bytes - fixed
         # each slot costs its KV plus its share of the sampling workspace
-        budget_tokens = max(0, usable) // (per_token + per_slot_extra // max_len)
+        budget_tokens = max(0, usable) // (per_token + per_slot_extra // padded)
         source = (
             f"gpu_memory_utilization={gpu_memory_utilization} of {total / 2**30:.1f} GiB minus "
             f"{weight_bytes / 2**30:.2f} GiB weights and {fixed / 2**30:.2f} GiB activations"
         )
     else:
-        budget_tokens, source = max_num_seqs * max_len, "no limit on CPU"
-    slots = min(max_num_seqs, budget_tokens // max_len)
+        budget_tokens, source = max_num_seqs * padded, "no limit on CPU"
+    slots = min(max_num_seqs, budget_tokens // padded)
     if slots < 1:
         raise ValueError(
             f"native engine KV cache too small: {source} leaves room for {budget_tokens} tokens "
             f"({budget_tokens * per_token / 2**20:.1f} MiB at {per_token} bytes/token), but one sequence of "
-            f"max_model_len={max_len} needs {max_len} tokens ({max_len * per_token / 2**20:.1f} MiB). Raise "
+            f"max_model_len={max_len} needs {padded} tokens ({padded * per_token / 2**20:.1f} MiB). Raise "
             "rollout.gpu_memory_utilization or engine_kwargs.native.kv_cache_tokens, or lower "
             "rollout.max_model_len / prompt_length + response_length."
         )
-    return CachePlan(slots=slots, max_len=max_len, bytes_per_token=per_token, budget_tokens=budget_tokens)
+    return CachePlan(slots=slots, max_len=padded, bytes_per_token=per_token, budget_tokens=budget_tokens)
 
 
 class KVCache:

@@ -3,7 +3,8 @@
 Written as plain functions over the fused weights so the decode step is a fixed sequence of kernels a CUDA
 graph can capture: no allocation that depends on data, no host sync, no Python branching on tensor values.
 The op order mirrors transformers' (float32 RMSNorm statistics, RoPE as x*cos + rotate_half(x)*sin in the
-model dtype) so float32 logits agree with HF to rounding.
+model dtype) so float32 logits agree with HF to rounding. The middle of a decode layer (RoPE, cache write,
+attention, SwiGLU) comes from a decode backend (decode_ops.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from verlx.rollout.native.architectures import ModelSpec
+from verlx.rollout.native.decode_ops import DECODE_BACKENDS, TorchDecodeOps, rotate
 from verlx.rollout.native.kv_cache import KVCache
 from verlx.rollout.native.weights import WeightStore
 
@@ -19,11 +21,6 @@ from verlx.rollout.native.weights import WeightStore
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """HF's RMSNorm: statistics in float32, normalised value cast back, then scaled (one kernel on recent torch)."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x*cos + rotate_half(x)*sin, with rotate_half(x)*sin = roll(x, D/2) * cat(-sin, sin): 4 kernels, same bits."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def _linear_residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -36,17 +33,15 @@ def _linear_residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bia
 class NativeModel:
     """Forward passes over a WeightStore; the cache is passed in so it can sleep independently."""
 
-    def __init__(self, spec: ModelSpec, weights: WeightStore, cos: torch.Tensor, sin: torch.Tensor):
+    def __init__(
+        self, spec: ModelSpec, weights: WeightStore, cos: torch.Tensor, sin: torch.Tensor, decode_backend: str = "torch"
+    ):
         self.spec, self.weights = spec, weights
         half = cos.shape[-1] // 2
         self.cos, self.sin_signed = cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         self.key_positions = torch.arange(cos.shape[0], device=cos.device)
         self.windows = sorted({w for w in spec.sliding_windows if w is not None})
-        # device scalars made here, not in the decode step: a host-to-device copy cannot be graph-captured
-        self._mask_values = (
-            torch.zeros((), dtype=cos.dtype, device=cos.device),
-            torch.full((), float("-inf"), dtype=cos.dtype, device=cos.device),
-        )
+        self.decode_ops = DECODE_BACKENDS.get(decode_backend)(self)
 
     # ------------------------------------------------------------------ shared pieces
     def _project_qkv(self, x: torch.Tensor, lw: dict, cos: torch.Tensor, sin: torch.Tensor):
@@ -62,12 +57,11 @@ class NativeModel:
         qk = rotate(qk, cos, sin)
         return qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
 
-    def _finish_layer(self, h: torch.Tensor, attn: torch.Tensor, lw: dict) -> torch.Tensor:
+    def _finish_layer(self, h: torch.Tensor, attn: torch.Tensor, lw: dict, swiglu) -> torch.Tensor:
         """Output projection, residual, post-norm, SwiGLU MLP, residual; residual adds ride in the GEMM epilogue."""
         h = _linear_residual(h, attn, lw["o_w"], lw.get("o_b"))
         gate_up = F.linear(rms_norm(h, lw["post_norm"], self.spec.rms_norm_eps), lw["gate_up_w"], lw.get("gate_up_b"))
-        inter = self.spec.intermediate_size
-        return _linear_residual(h, F.silu(gate_up[:, :inter]) * gate_up[:, inter:], lw["down_w"], lw.get("down_b"))
+        return _linear_residual(h, swiglu(gate_up), lw["down_w"], lw.get("down_b"))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         p = self.weights.params
@@ -118,7 +112,8 @@ class NativeModel:
                 attn_mask=mask,
                 is_causal=mask is None,
             )
-            h = self._finish_layer(h, attn.transpose(1, 2).reshape(b * length, hq * d), lw)
+            attn = attn.transpose(1, 2).reshape(b * length, hq * d)
+            h = self._finish_layer(h, attn, lw, TorchDecodeOps.swiglu)
         return h.view(b, length, -1)
 
     def score(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -129,38 +124,15 @@ class NativeModel:
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int) -> torch.Tensor:
         """One token per slot 0..b-1 at positions pos -> logits [b, vocab]; writes the tokens' K/V.
 
-        Attention runs over cache positions [0, kv_len) of slots [0, b) with a mask (key <= pos, and the
-        window where configured). GQA is folded into the query length: the G query heads that share a KV
-        head become G queries of one head, so K/V are read once per KV head and never expanded.
+        The decode backend (decode_ops) does q/k norm, RoPE, the cache write and attention; kv_len bounds the
+        keys the torch backend attends over (the triton backend reads each slot's own length).
         """
         s = self.spec
-        b = tokens.shape[0]
-        hkv, g, d = s.num_kv_heads, s.group_size, s.head_dim
+        ops = self.decode_ops
         h = F.embedding(tokens, self.weights.params["embed"])
-        cos = self.cos.index_select(0, pos)[:, None, :]
-        sin = self.sin_signed.index_select(0, pos)[:, None, :]
-        masks = self._decode_masks(pos, kv_len)
-        where = cache.decode_index(pos)
+        step = ops.prepare(pos, kv_len, cache)
         for i in range(s.num_layers):
             lw = self.weights.layer(i)
-            q, k, v = self._project_qkv(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw, cos, sin)
-            cache.write_decode(i, where, k, v)
-            k_cache, v_cache = cache.layer(i)
-            attn = F.scaled_dot_product_attention(
-                q.reshape(b, hkv, g, d),
-                k_cache[:b, :, :kv_len],
-                v_cache[:b, :, :kv_len],
-                attn_mask=masks[s.sliding_windows[i]],
-            )
-            h = self._finish_layer(h, attn.reshape(b, hkv * g * d), lw)
+            qkv = F.linear(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw["qkv_w"], lw.get("qkv_b"))
+            h = self._finish_layer(h, ops.attention(i, lw, qkv, step, cache), lw, ops.swiglu)
         return self.logits(h)
-
-    def _decode_masks(self, pos: torch.Tensor, kv_len: int) -> dict:
-        """Additive [b, 1, 1, kv_len] masks (0 visible, -inf hidden) per window, built once per step."""
-        keys = self.key_positions[None, :kv_len]
-        visible = keys <= pos[:, None]
-        zero, hidden = self._mask_values
-        masks = {None: torch.where(visible, zero, hidden)[:, None, None, :]}
-        for w in self.windows:
-            masks[w] = torch.where(visible & (keys > pos[:, None] - w), zero, hidden)[:, None, None, :]
-        return masks

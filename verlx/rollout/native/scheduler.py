@@ -145,12 +145,10 @@ class Scheduler:
         remaining = min(self.plan.max_new_tokens - self.slot_gen[s] for s in occupied)
         steps = min(self.cfg.sync_interval, remaining) if self.plan.can_stop_early else remaining
         if steps > 0:
-            # positions written this round: pos .. pos + steps - 1, and attention sees keys <= pos
-            kv_len = round_kv_len(max(self.slot_pos[s] for s in occupied) + steps, self.cfg.kv_len_block,
-                                  self.cache.plan.max_len)
+            kv_len, kv_tokens = self._kv_extent(occupied, batch, steps)
             self.runner.run((batch, kv_len, self.plan), steps)
             self.stats.decode_steps += steps
-            self.stats.kv_bytes_read += steps * batch * kv_len * self.cache.plan.bytes_per_token
+            self.stats.kv_bytes_read += kv_tokens * self.cache.plan.bytes_per_token
             self.stats.weight_bytes_read += steps * self.cfg.weight_bytes_per_step
             self.stats.batch_sizes.append(batch)
         done, gen_len = self.state.read_progress(batch)
@@ -165,6 +163,18 @@ class Scheduler:
         if finished:
             self._collect(finished, gen_len)
         self.stats.decode_s += time.perf_counter() - start
+
+    def _kv_extent(self, occupied: list[int], batch: int, steps: int) -> tuple[int, int]:
+        """(KV length the decode graphs attend over, cache tokens the round's attention reads).
+
+        Positions written this round are pos .. pos + steps - 1 and attention sees keys <= pos. A backend that
+        reads exact lengths gets the full cache length (one graph per batch bucket) and reads sum(pos + 1)."""
+        max_len = self.cache.plan.max_len
+        if self.model.decode_ops.reads_exact_lengths:
+            live = sum(steps * (self.slot_pos[s] + 1) + steps * (steps - 1) // 2 for s in occupied)
+            return max_len, live + steps * (batch - len(occupied))
+        kv_len = round_kv_len(max(self.slot_pos[s] for s in occupied) + steps, self.cfg.kv_len_block, max_len)
+        return kv_len, steps * batch * kv_len
 
     def _collect(self, slots: list[int], gen_len: list[int]) -> None:
         rows = [self.slot_row[s] for s in slots]
