@@ -59,6 +59,9 @@ def parse_args():
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy for both engines")
     p.add_argument("--enforce-eager", action="store_true", help="native without CUDA graphs")
+    p.add_argument("--decode-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--no-backend-comparison", action="store_true",
+                   help="skip the extra native run of the large shape with the other decode backend")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--hf-cache", default="auto", choices=["auto", "dynamic", "static"],
                    help="HF KV cache; auto probes dynamic and static (no torch.compile) and keeps the faster")
@@ -131,13 +134,14 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> DataProto:
     return DataProto({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
 
 
-def native_engine(args, config, max_num_seqs: int) -> NativeEngine:
+def native_engine(args, config, max_num_seqs: int, backend: str | None = None) -> NativeEngine:
     rollout = RolloutConfig(
         prompt_length=args.prompt_len, response_length=args.new_tokens, dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager,
         load_format="dummy", sleep_level=args.sleep_level, seed=args.seed,
-        engine_kwargs=EngineKwargs(native={"kv_len_block": args.kv_len_block}),
+        engine_kwargs=EngineKwargs(native={"kv_len_block": args.kv_len_block,
+                                           "decode_backend": backend or args.decode_backend}),
     )
     ctx = RolloutContext(config=rollout, model_path="<random>", hf_config=config, device=DEVICE,
                          pad_token_id=0, eos_token_ids=[151643])
@@ -162,6 +166,7 @@ def run_native(args, engine: NativeEngine, prompts: DataProto) -> dict:
         stats = engine.last_stats
         result[label] = dict(seconds=t, tokens_per_s=tokens / t, **stats)
         del out
+    result["decode_backend"] = engine.decode_backend
     warm = result["warm"]
     decode_bytes = warm["kv_bytes_read"] + warm["weight_bytes_read"]
     result["decode_bytes_per_s"] = decode_bytes / warm["decode_s"] if warm["decode_s"] > 0 else None
@@ -266,8 +271,20 @@ def bench_shape(args, shape: str, report: dict) -> None:
         section["speedup_cold"] = section["native"]["cold"]["tokens_per_s"] / section["hf"]["tokens_per_s"]
     if shape == args.large_shape and DEVICE.type == "cuda":
         section["sleep"] = measure_sleep(args, engine, hf, before)
+    used = engine.decode_backend
     del engine
     free_memory()
+    if shape == args.large_shape and not args.no_backend_comparison:
+        other = "torch" if used == "triton" else "triton"
+        try:
+            engine = native_engine(args, config, args.max_num_seqs, other)
+            if engine.decode_backend == other:  # triton may fall back to torch after its self-test
+                engine.update_weights(hf.state_dict().items())
+                report[f"{shape}_{other}"] = dict(native=run_native(args, engine, prompts))
+            del engine
+        except Exception:
+            report["errors"].append(f"{shape} with decode_backend={other}: {traceback.format_exc()}")
+        free_memory()
     if shape == args.large_shape and args.large_prompts:
         large = report.setdefault(f"{shape}_x{args.large_prompts}", {})
         prompts = random_prompts(args.large_prompts, args.prompt_len, config.vocab_size, args.seed + 1)
@@ -287,7 +304,7 @@ def bench_shape(args, shape: str, report: dict) -> None:
 def print_table(report: dict) -> None:
     bw = report["copy_bandwidth_bytes_per_s"]
     print(f"\ndevice: {report['device']}  torch {report['torch']}  copy bandwidth {bw / 1e12:.2f} TB/s")
-    header = f"{'run':<12}{'native cold':>13}{'native warm':>13}{'HF':>11}{'x cold':>8}{'x warm':>8}" \
+    header = f"{'run':<16}{'backend':>8}{'native cold':>13}{'native warm':>13}{'HF':>11}{'x cold':>8}{'x warm':>8}" \
              f"{'step ms':>9}{'decode TB/s':>13}{'of copy':>9}  HF measured"
     print(header)
     print("-" * len(header))
@@ -299,7 +316,7 @@ def print_table(report: dict) -> None:
         hf_tps = f"{hf['tokens_per_s']:>11,.0f}" if hf else f"{'-':>11}"
         x_cold = f"{sec['speedup_cold']:>8.1f}" if hf else f"{'-':>8}"
         x_warm = f"{sec['speedup_warm']:>8.1f}" if hf else f"{'-':>8}"
-        print(f"{name:<12}{nat['cold']['tokens_per_s']:>13,.0f}{nat['warm']['tokens_per_s']:>13,.0f}{hf_tps}"
+        print(f"{name:<16}{nat['decode_backend']:>8}{nat['cold']['tokens_per_s']:>13,.0f}{nat['warm']['tokens_per_s']:>13,.0f}{hf_tps}"
               f"{x_cold}{x_warm}{nat['decode_step_ms']:>9.2f}{bps / 1e12:>13.2f}{bps / bw:>9.0%}  "
               f"{(hf['measured'] + ', ' + hf['cache'] + ' cache') if hf else '-'}")
     sleep = report.get(report["args"]["large_shape"], {}).get("sleep")
@@ -309,7 +326,8 @@ def print_table(report: dict) -> None:
               f"{sleep['freed_fraction_mem_get_info']:.1%} (mem_get_info); "
               f"wake_up + update_weights {sleep['wake_update_s'] * 1e3:.0f} ms")
     for err in report.get("errors", []):
-        print("ERROR", err.splitlines()[0])
+        lines = err.strip().splitlines()
+        print("ERROR", lines[0].split(":")[0], "->", lines[-1])
 
 
 def main():

@@ -169,11 +169,12 @@ class NativeEngine(RolloutEngine):
         unknown = [t for t in tags if t not in WAKE_TAGS]
         if unknown:
             raise ValueError(f"wake_up got unknown tags {unknown}; use a subset of {list(WAKE_TAGS)}")
-        self.runner.reset()  # any re-allocation moves buffers the graphs point at
         if "weights" in tags and not self.weights.is_allocated:
+            self.runner.reset()  # a re-allocation moves buffers the graphs point at
             self._weights_valid = self.weights.wake()
             self._pushed = set()
-        if "kv_cache" in tags:
+        if "kv_cache" in tags and self.cache is None:
+            self.runner.reset()
             self._wake_kv_cache()
 
     def _wake_kv_cache(self) -> None:

@@ -32,9 +32,10 @@ def kv_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
 
 
 def workspace_bytes(spec: ModelSpec, dtype: torch.dtype, slots: int, prefill_tokens: int) -> int:
-    """Generous estimate of activations: float32 logits and sampling temporaries per slot, prefill activations."""
+    """Generous estimate of activations: logits and sampling temporaries per slot (float32 copies, a sort with
+    int64 indices for top-p), prefill activations per token."""
     elem = torch.empty((), dtype=dtype).element_size()
-    per_slot = spec.vocab_size * (elem + 4 * 4)
+    per_slot = spec.vocab_size * (elem + 4 * 8)
     per_token = elem * (6 * spec.hidden_size + 2 * spec.qkv_rows + 3 * spec.intermediate_size)
     return slots * per_slot + prefill_tokens * per_token
 
