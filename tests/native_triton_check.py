@@ -41,9 +41,10 @@ def build(kind: str, max_len: int, device: torch.device, dtype: torch.dtype):
     weights = WeightStore(spec, dtype, device)
     weights.allocate()
     weights.init_random(0)
+    gen = torch.Generator(device=device).manual_seed(2)
     for name, view in weights.params.items():  # non-trivial norm weights, so q/k norm is really exercised
         if "norm" in name:
-            view.uniform_(0.5, 1.5)
+            view.uniform_(0.5, 1.5, generator=gen)
     cos, sin = rope_tables(config, spec.head_dim, max_len, dtype, device)
     plan = plan_cache(spec, dtype, device, max_len=max_len, max_num_seqs=6, kv_cache_tokens=None,
                       gpu_memory_utilization=0.5, weight_bytes=0, prefill_tokens=64)
@@ -74,7 +75,7 @@ def check(kind: str, device=torch.device("cpu"), dtype=torch.float16) -> None:
         # both backends wrote the same K/V rows (to rounding) and nothing else
         diff = (caches["triton"].data.float() - caches["torch"].data.float()).abs().max().item()
         scale = caches["torch"].data.float().abs().max().item()
-        ulps = 2 * torch.finfo(dtype).eps
+        ulps = 4 * torch.finfo(dtype).eps  # the torch backend rounds after each of its 3-4 RoPE ops
         assert diff <= ulps * scale, f"{kind}: cache writes differ by {diff} (values up to {scale})"
     assert self_test(models["triton"], caches["triton"]) is None
 

@@ -104,6 +104,7 @@ class WeightStore:
         self.params: dict[str, torch.Tensor] = {}
         self._layers: list[dict[str, torch.Tensor]] = []
         self._host_copy: torch.Tensor | None = None
+        self._host_valid = False
 
     @property
     def nbytes(self) -> int:
@@ -182,13 +183,16 @@ class WeightStore:
         return set(self.hf_targets)
 
     def sleep(self, keep_host_copy: bool) -> None:
-        """Free the device buffer; with keep_host_copy the values survive in (pinned) host memory."""
+        """Free the device buffer; with keep_host_copy the values survive in host memory (pinned on CUDA,
+        allocated once and reused by later sleeps: pinning a buffer costs more than the copy)."""
         if self.flat is None:
             return
+        self._host_valid = False
         if keep_host_copy:
-            pin = self.device.type == "cuda"
-            self._host_copy = torch.empty(self.numel, dtype=self.dtype, pin_memory=pin)
+            if self._host_copy is None:
+                self._host_copy = torch.empty(self.numel, dtype=self.dtype, pin_memory=self.device.type == "cuda")
             self._host_copy.copy_(self.flat)
+            self._host_valid = True
         self.params, self._layers = {}, []
         self.flat = None
 
@@ -197,10 +201,9 @@ class WeightStore:
         if self.flat is not None:
             return True
         self.allocate()
-        if self._host_copy is None:
+        if not self._host_valid:
             return False
         self.flat.copy_(self._host_copy)
-        self._host_copy = None
         return True
 
 
