@@ -41,14 +41,19 @@ def test_registered_as_native():
     assert ROLLOUT_ENGINES.get("native") is NativeEngine and NativeEngine.is_available()
 
 
-def test_greedy_equals_transformers_generate_token_for_token(qwen2):
+@pytest.mark.parametrize("kv_len_block", [128, 8])
+def test_greedy_equals_transformers_generate_token_for_token(qwen2, kv_len_block):
+    """kv_len_block=8 makes decode attention run over 8-position KV buckets, switching every 8 steps."""
     model = qwen2[0]
     prompts = ragged_prompts(8, 16)
-    out = make_engine(qwen2).generate(with_meta(prompts, do_sample=False, min_new_tokens=NEW))
+    engine = make_engine(qwen2, engine_kwargs={"native": {"kv_len_block": kv_len_block}})
+    out = engine.generate(with_meta(prompts, do_sample=False, min_new_tokens=NEW))
     expected = hf_greedy(model, prompts, NEW, min_new_tokens=NEW, eos_token_id=EOS)
     assert torch.equal(out.batch["responses"], expected)
     assert torch.equal(out.batch["response_mask"], torch.ones(8, NEW, dtype=torch.long))
     assert torch.equal(out.batch["prompts"], prompts.batch["input_ids"])
+    # log-probs catch what argmax can hide (e.g. one step attending over one key too few)
+    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_token_logprobs(model, out, 1.0), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama3", "mistral_window"])

@@ -145,10 +145,8 @@ class Scheduler:
         remaining = min(self.plan.max_new_tokens - self.slot_gen[s] for s in occupied)
         steps = min(self.cfg.sync_interval, remaining) if self.plan.can_stop_early else remaining
         if steps > 0:
-            kv_len, kv_tokens = self._kv_extent(occupied, batch, steps)
-            self.runner.run((batch, kv_len, self.plan), steps)
+            self._run_steps(occupied, batch, steps)
             self.stats.decode_steps += steps
-            self.stats.kv_bytes_read += kv_tokens * self.cache.plan.bytes_per_token
             self.stats.weight_bytes_read += steps * self.cfg.weight_bytes_per_step
             self.stats.batch_sizes.append(batch)
         done, gen_len = self.state.read_progress(batch)
@@ -164,17 +162,28 @@ class Scheduler:
             self._collect(finished, gen_len)
         self.stats.decode_s += time.perf_counter() - start
 
-    def _kv_extent(self, occupied: list[int], batch: int, steps: int) -> tuple[int, int]:
-        """(KV length the decode graphs attend over, cache tokens the round's attention reads).
+    def _run_steps(self, occupied: list[int], batch: int, steps: int) -> None:
+        """Replay `steps` decode steps without looking at the device.
 
-        Positions written this round are pos .. pos + steps - 1 and attention sees keys <= pos. A backend that
-        reads exact lengths gets the full cache length (one graph per batch bucket) and reads sum(pos + 1)."""
+        A backend that reads exact lengths runs them as one stretch over the full cache length (one graph per
+        batch bucket) and reads sum(pos + 1) keys per step. The torch backend attends over a KV-length bucket,
+        so the stretch is cut where the largest position outgrows a bucket: each piece uses the smallest
+        bucket that holds it (the step writing position p attends keys 0..p, so it needs kv_len > p)."""
+        bytes_per_token = self.cache.plan.bytes_per_token
         max_len = self.cache.plan.max_len
         if self.model.decode_ops.reads_exact_lengths:
+            self.runner.run((batch, max_len, self.plan), steps)
             live = sum(steps * (self.slot_pos[s] + 1) + steps * (steps - 1) // 2 for s in occupied)
-            return max_len, live + steps * (batch - len(occupied))
-        kv_len = round_kv_len(max(self.slot_pos[s] for s in occupied) + steps, self.cfg.kv_len_block, max_len)
-        return kv_len, steps * batch * kv_len
+            self.stats.kv_bytes_read += (live + steps * (batch - len(occupied))) * bytes_per_token
+            return
+        top = max(self.slot_pos[s] for s in occupied)
+        done = 0
+        while done < steps:
+            kv_len = round_kv_len(top + done + 1, self.cfg.kv_len_block, max_len)
+            piece = min(steps - done, kv_len - top - done)
+            self.runner.run((batch, kv_len, self.plan), piece)
+            self.stats.kv_bytes_read += piece * batch * kv_len * bytes_per_token
+            done += piece
 
     def _collect(self, slots: list[int], gen_len: list[int]) -> None:
         rows = [self.slot_row[s] for s in slots]
