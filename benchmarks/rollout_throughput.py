@@ -63,8 +63,10 @@ def parse_args():
     p.add_argument("--no-backend-comparison", action="store_true",
                    help="skip the extra native run of the large shape with the other decode backend")
     p.add_argument("--skip-hf", action="store_true")
-    p.add_argument("--hf-cache", default="auto", choices=["auto", "dynamic", "static"],
-                   help="HF KV cache; auto probes dynamic and static (no torch.compile) and keeps the faster")
+    p.add_argument("--hf-cache", default="auto", choices=["auto", "dynamic", "static", "static-compiled"],
+                   help="HF KV cache; auto probes dynamic and static (no torch.compile) and keeps the faster; "
+                        "static-compiled lets transformers torch.compile the decode step (compiled in an untimed "
+                        "warm-up; can take minutes)")
     p.add_argument("--hf-budget-s", type=float, default=90.0, help="longest HF run allowed before extrapolating")
     p.add_argument("--hf-probe-tokens", type=int, default=64)
     p.add_argument("--sleep-level", type=int, default=2, help="engine sleep level for the sleep/wake measurement")
@@ -174,7 +176,21 @@ def run_native(args, engine: NativeEngine, prompts: DataProto) -> dict:
     return result
 
 
-def hf_generate(model, prompts: DataProto, new_tokens: int, temperature: float, cache: str):
+def stop_after_steps(steps: int):
+    """A stopping criterion ending generate after `steps` tokens while the cache keeps its full size."""
+    import transformers
+
+    class StopAfter(transformers.StoppingCriteria):
+        calls = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.calls += 1
+            return torch.full((input_ids.shape[0],), self.calls >= steps, dtype=torch.bool, device=input_ids.device)
+
+    return transformers.StoppingCriteriaList([StopAfter()])
+
+
+def hf_generate(model, prompts: DataProto, new_tokens: int, temperature: float, cache: str, stop_after: int = 0):
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
     if temperature > 0:
         kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
@@ -182,6 +198,10 @@ def hf_generate(model, prompts: DataProto, new_tokens: int, temperature: float, 
         kwargs.update(do_sample=False)
     if cache == "static":
         kwargs.update(cache_implementation="static", disable_compile=True)
+    if cache == "static-compiled":
+        kwargs.update(cache_implementation="static")
+    if stop_after:
+        kwargs.update(stopping_criteria=stop_after_steps(stop_after))
     with torch.no_grad():
         return model.generate(prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"], **kwargs)
 
@@ -189,6 +209,11 @@ def hf_generate(model, prompts: DataProto, new_tokens: int, temperature: float, 
 def hf_seconds(args, model, prompts, new_tokens, cache) -> float:
     _, t = timed(lambda: hf_generate(model, prompts, new_tokens, args.temperature, cache))
     return t
+
+
+def hf_warmup(args, model, prompts, cache) -> None:
+    """Untimed: a few steps with the full-size cache (compiles the decode step for static-compiled)."""
+    hf_generate(model, prompts, args.new_tokens, args.temperature, cache, stop_after=4)
 
 
 def choose_hf_cache(args, model, prompts, report: dict) -> str:
@@ -209,6 +234,7 @@ def choose_hf_cache(args, model, prompts, report: dict) -> str:
 def run_hf(args, model, prompts: DataProto, report: dict, cache: str | None = None) -> dict:
     cache = cache or choose_hf_cache(args, model, prompts, report)
     tokens = len(prompts) * args.new_tokens
+    hf_warmup(args, model, prompts, cache)
     t = hf_seconds(args, model, prompts, args.new_tokens, cache)
     return dict(cache=cache, seconds=t, tokens_per_s=tokens / t, measured="full")
 
@@ -217,6 +243,7 @@ def run_hf_large(args, model, prompts: DataProto, small_seconds: float, cache: s
     """Full run if 4x the small run fits the budget, else a timed prefix of the full batch, extrapolated."""
     tokens = len(prompts) * args.new_tokens
     estimate = small_seconds * len(prompts) / args.prompts
+    hf_warmup(args, model, prompts, cache)
     if estimate <= args.hf_budget_s:
         t = hf_seconds(args, model, prompts, args.new_tokens, cache)
         return dict(cache=cache, seconds=t, tokens_per_s=tokens / t, measured="full")
