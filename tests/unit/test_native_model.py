@@ -114,3 +114,26 @@ def test_dynamic_rope_matches_hf_within_the_original_context(tmp_path):
     tokens = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(model.score(tokens), hf(tokens).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_sharded_checkpoint_is_read_through_its_index(tmp_path):
+    """A sharded save (index + shards) loads; a non-HF file next to it (Mistral repos ship consolidated.safetensors
+    with original names) is ignored; a directory without weights is an error naming it."""
+    from safetensors.torch import save_file
+
+    from verlx.rollout.native.weights import checkpoint_files
+
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(tiny_config("llama3"), attn_implementation="sdpa").eval()
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    save_file({"layers.0.attention.wq.weight": torch.zeros(2, 2)}, str(tmp_path / "consolidated.safetensors"))
+    files = checkpoint_files(str(tmp_path))
+    assert len(files) > 1 and not any("consolidated" in f for f in files)
+    model = native_model(transformers.AutoConfig.from_pretrained(tmp_path), tmp_path)
+    tokens = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(model.score(tokens), hf(tokens).logits, atol=1e-5, rtol=1e-5)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=f"no model.*safetensors or pytorch_model.*bin in {empty}"):
+        checkpoint_files(str(empty))

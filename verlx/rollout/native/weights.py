@@ -8,6 +8,7 @@ maps each onto a row range of a fused engine parameter.
 from __future__ import annotations
 
 import glob
+import json
 import os
 from typing import Iterable, Iterator
 
@@ -207,22 +208,33 @@ class WeightStore:
         return True
 
 
-def iter_checkpoint(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named tensors of a checkpoint directory (safetensors, else pytorch_model*.bin)."""
-    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
-    if files:
-        from safetensors import safe_open
+def checkpoint_files(model_path: str) -> list[str]:
+    """The weight files of an HF checkpoint directory: those its safetensors index names, else model.safetensors
+    / model-*.safetensors, else pytorch_model*.bin (other files, e.g. Mistral's consolidated.safetensors, are not
+    HF-named and are left alone)."""
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(model_path, n) for n in names]
+    for pattern in ("model.safetensors", "model-*.safetensors", "pytorch_model*.bin"):
+        files = sorted(glob.glob(os.path.join(model_path, pattern)))
+        if files:
+            return files
+    raise FileNotFoundError(
+        f"load_format=auto: no model*.safetensors or pytorch_model*.bin in {model_path}; point "
+        "actor_rollout_ref.model.path at an HF checkpoint directory or use rollout.load_format=dummy"
+    )
 
-        for path in files:
+
+def iter_checkpoint(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named tensors of a checkpoint directory, one file at a time."""
+    for path in checkpoint_files(model_path):
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
             with safe_open(path, framework="pt", device="cpu") as f:
                 for key in f.keys():
                     yield key, f.get_tensor(key)
-        return
-    files = sorted(glob.glob(os.path.join(model_path, "pytorch_model*.bin")))
-    if not files:
-        raise FileNotFoundError(
-            f"load_format=auto: no *.safetensors or pytorch_model*.bin in {model_path}; "
-            "point actor_rollout_ref.model.path at an HF checkpoint directory or use rollout.load_format=dummy"
-        )
-    for path in files:
-        yield from torch.load(path, map_location="cpu", weights_only=True).items()
+        else:
+            yield from torch.load(path, map_location="cpu", weights_only=True).items()
