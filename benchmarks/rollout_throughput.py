@@ -343,7 +343,8 @@ def print_table(report: dict) -> None:
         hf_tps = f"{hf['tokens_per_s']:>11,.0f}" if hf else f"{'-':>11}"
         x_cold = f"{sec['speedup_cold']:>8.1f}" if hf else f"{'-':>8}"
         x_warm = f"{sec['speedup_warm']:>8.1f}" if hf else f"{'-':>8}"
-        print(f"{name:<16}{nat['decode_backend']:>8}{nat['cold']['tokens_per_s']:>13,.0f}{nat['warm']['tokens_per_s']:>13,.0f}{hf_tps}"
+        cold, warm = nat["cold"]["tokens_per_s"], nat["warm"]["tokens_per_s"]
+        print(f"{name:<16}{nat['decode_backend']:>8}{cold:>13,.0f}{warm:>13,.0f}{hf_tps}"
               f"{x_cold}{x_warm}{nat['decode_step_ms']:>9.2f}{bps / 1e12:>13.2f}{bps / bw:>9.0%}  "
               f"{(hf['measured'] + ', ' + hf['cache'] + ' cache') if hf else '-'}")
     sleep = report.get(report["args"]["large_shape"], {}).get("sleep")

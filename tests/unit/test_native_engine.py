@@ -221,8 +221,6 @@ def test_bad_input_errors(qwen2):
     with pytest.raises(ValueError, match="unknown key 'actor_rollout_ref.rollout.engine_kwargs.native.kv_cache'"):
         make_engine(qwen2, engine_kwargs={"native": {"kv_cache": 40}})
     _, config, path = qwen2
-    from native_models import rollout_context
-
     ctx = rollout_context(path, config)
     ctx.tp_size, ctx.world_size = 2, 2
     with pytest.raises(NotImplementedError, match="tensor_model_parallel_size=1"):

@@ -88,7 +88,9 @@ class NativeEngine(RolloutEngine):
         if cfg.dtype not in _DTYPES:
             raise ValueError(f"rollout.dtype={cfg.dtype!r} not supported; use one of bfloat16, float16, float32")
         if cfg.load_format not in ("dummy", "auto"):
-            raise ValueError(f"rollout.load_format={cfg.load_format!r} not supported by the native engine; use dummy or auto")
+            raise ValueError(
+                f"rollout.load_format={cfg.load_format!r} not supported by the native engine; use dummy or auto"
+            )
         self.options = NativeOptions.from_dict(cfg.engine_kwargs.native)
         self.device = torch.device(ctx.device)
         self.dtype = _DTYPES[cfg.dtype]
@@ -190,7 +192,9 @@ class NativeEngine(RolloutEngine):
                     "rollout.gpu_memory_utilization / max_num_seqs"
                 )
         self.cache = KVCache(self.spec, self.cache_plan, self.dtype, self.device)
-        self.state = SlotState(self.cache_plan.slots, int(self.config.response_length), self.ctx.pad_token_id, self.device)
+        self.state = SlotState(
+            self.cache_plan.slots, int(self.config.response_length), self.ctx.pad_token_id, self.device
+        )
 
     # ------------------------------------------------------------------ generation
     def _decode_step(self, batch: int, kv_len: int, plan) -> None:

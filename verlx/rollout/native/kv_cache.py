@@ -20,7 +20,6 @@ class CachePlan:
     slots: int
     max_len: int  # positions per slot: max_model_len rounded up to a multiple of 16
     bytes_per_token: int
-    budget_tokens: int  # what the memory budget allowed, before max_num_seqs capped the slots
 
     @property
     def nbytes(self) -> int:
@@ -83,7 +82,7 @@ def plan_cache(
             "rollout.gpu_memory_utilization or engine_kwargs.native.kv_cache_tokens, or lower "
             "rollout.max_model_len / prompt_length + response_length."
         )
-    return CachePlan(slots=slots, max_len=padded, bytes_per_token=per_token, budget_tokens=budget_tokens)
+    return CachePlan(slots=slots, max_len=padded, bytes_per_token=per_token)
 
 
 class KVCache:

@@ -105,7 +105,9 @@ def _yarn(params, dim, max_pos, positions):
     return inv_freq, float(attention_factor)
 
 
-def rope_tables(hf_config, head_dim: int, max_len: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    hf_config, head_dim: int, max_len: int, dtype: torch.dtype, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [max_len, head_dim] (both halves repeated, HF layout) in the model dtype."""
     params = rope_parameters(hf_config)
     fn = ROPE_TYPES.get(params["rope_type"])

@@ -76,7 +76,8 @@ class Scheduler:
         self.input_ids, self.prompt_lens, self.n, self.plan, self.seeds = input_ids, prompt_lens, n, plan, seeds
         rows = len(prompt_lens) * n
         response_len = self.state.response_len
-        self.out_tokens = torch.full((rows, response_len), self.state.pad_token_id, dtype=torch.long, device=self.device)
+        pad = self.state.pad_token_id
+        self.out_tokens = torch.full((rows, response_len), pad, dtype=torch.long, device=self.device)
         self.out_logprobs = torch.zeros(rows, response_len, dtype=torch.float32, device=self.device)
         self.lengths = [0] * rows
         self.stats = GenerationStats()
