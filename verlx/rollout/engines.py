@@ -3,3 +3,4 @@
 from verlx.rollout import hf_engine  # noqa: F401
 from verlx.rollout import sglang_engine  # noqa: F401
 from verlx.rollout import vllm_engine  # noqa: F401
+from verlx.rollout.native import engine as native_engine  # noqa: F401

@@ -1,0 +1,138 @@
+"""The compact decoder (Llama/Qwen2/Qwen3/Mistral): prefill into the cache, one-token decode, scoring.
+
+Written as plain functions over the fused weights so the decode step is a fixed sequence of kernels a CUDA
+graph can capture: no allocation that depends on data, no host sync, no Python branching on tensor values.
+The op order mirrors transformers' (float32 RMSNorm statistics, RoPE as x*cos + rotate_half(x)*sin in the
+model dtype) so float32 logits agree with HF to rounding. The middle of a decode layer (RoPE, cache write,
+attention, SwiGLU) comes from a decode backend (decode_ops.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from verlx.rollout.native.architectures import ModelSpec
+from verlx.rollout.native.decode_ops import DECODE_BACKENDS, TorchDecodeOps, rotate
+from verlx.rollout.native.kv_cache import KVCache
+from verlx.rollout.native.weights import WeightStore
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: statistics in float32, normalised value cast back, then scaled (one kernel on recent torch)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _linear_residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """h + x @ weight.T (+ bias) as one GEMM when there is no bias."""
+    if bias is None:
+        return torch.addmm(h, x, weight.t())
+    return h + F.linear(x, weight, bias)
+
+
+class NativeModel:
+    """Forward passes over a WeightStore; the cache is passed in so it can sleep independently."""
+
+    def __init__(
+        self, spec: ModelSpec, weights: WeightStore, cos: torch.Tensor, sin: torch.Tensor, decode_backend: str = "torch"
+    ):
+        self.spec, self.weights = spec, weights
+        half = cos.shape[-1] // 2
+        self.cos, self.sin_signed = cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        self.key_positions = torch.arange(cos.shape[0], device=cos.device)
+        self.windows = sorted({w for w in spec.sliding_windows if w is not None})
+        self.decode_ops = DECODE_BACKENDS.get(decode_backend)(self)
+
+    # ------------------------------------------------------------------ shared pieces
+    def _project_qkv(self, x: torch.Tensor, lw: dict, cos: torch.Tensor, sin: torch.Tensor):
+        """x [T, hidden] -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] with q/k norm and RoPE applied.
+
+        q and k are normalised and rotated together: they sit next to each other in the fused projection."""
+        s = self.spec
+        hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        qkv = F.linear(x, lw["qkv_w"], lw.get("qkv_b")).view(-1, hq + 2 * hkv, d)
+        qk = qkv[:, : hq + hkv]
+        if s.features.qk_norm:
+            qk = rms_norm(qk, None, s.rms_norm_eps) * lw["qk_norm"]
+        qk = rotate(qk, cos, sin)
+        return qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
+
+    def _finish_layer(self, h: torch.Tensor, attn: torch.Tensor, lw: dict, swiglu) -> torch.Tensor:
+        """Output projection, residual, post-norm, SwiGLU MLP, residual; residual adds ride in the GEMM epilogue."""
+        h = _linear_residual(h, attn, lw["o_w"], lw.get("o_b"))
+        gate_up = F.linear(rms_norm(h, lw["post_norm"], self.spec.rms_norm_eps), lw["gate_up_w"], lw.get("gate_up_b"))
+        return _linear_residual(h, swiglu(gate_up), lw["down_w"], lw.get("down_b"))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        p = self.weights.params
+        return F.linear(rms_norm(h, p["norm"], self.spec.rms_norm_eps), p["lm_head"])
+
+    # ------------------------------------------------------------------ prefill / scoring
+    def _prompt_masks(self, length: int) -> dict[int | None, torch.Tensor | None]:
+        """Per window: None (plain causal) or an explicit [L, L] causal+window mask."""
+        masks: dict[int | None, torch.Tensor | None] = {None: None}
+        q = self.key_positions[:length, None]
+        kpos = self.key_positions[None, :length]
+        for w in self.windows:
+            masks[w] = None if length <= w else (kpos <= q) & (q - kpos < w)
+        return masks
+
+    def forward_prompt(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,
+        owner: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Right-padded prompts [b, L] -> final hidden states [b, L, hidden].
+
+        With a cache, each prompt's keys/values go to positions 0..L-1 of the slots that sample from it:
+        slots[i] receives prompt owner[i] (n samples of one prompt share one prefill).
+        """
+        s = self.spec
+        b, length = tokens.shape
+        hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        h = F.embedding(tokens.reshape(-1), self.weights.params["embed"])
+        cos = self.cos[:length].repeat(b, 1)[:, None, :]
+        sin = self.sin_signed[:length].repeat(b, 1)[:, None, :]
+        masks = self._prompt_masks(length)
+        for i in range(s.num_layers):
+            lw = self.weights.layer(i)
+            q, k, v = self._project_qkv(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw, cos, sin)
+            q = q.view(b, length, hq, d).transpose(1, 2)
+            k = k.view(b, length, hkv, d).transpose(1, 2)
+            v = v.reshape(b, length, hkv, d).transpose(1, 2)
+            if cache is not None:
+                cache.write_prefill(i, slots, k.index_select(0, owner), v.index_select(0, owner))
+            mask = masks[s.sliding_windows[i]]
+            attn = F.scaled_dot_product_attention(
+                q,
+                k.repeat_interleave(s.group_size, dim=1),
+                v.repeat_interleave(s.group_size, dim=1),
+                attn_mask=mask,
+                is_causal=mask is None,
+            )
+            attn = attn.transpose(1, 2).reshape(b * length, hq * d)
+            h = self._finish_layer(h, attn, lw, TorchDecodeOps.swiglu)
+        return h.view(b, length, -1)
+
+    def score(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits of every position of unpadded sequences [b, L] -> [b, L, vocab] (tests and debugging)."""
+        return self.logits(self.forward_prompt(tokens))
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int) -> torch.Tensor:
+        """One token per slot 0..b-1 at positions pos -> logits [b, vocab]; writes the tokens' K/V.
+
+        The decode backend (decode_ops) does q/k norm, RoPE, the cache write and attention; kv_len bounds the
+        keys the torch backend attends over (the triton backend reads each slot's own length).
+        """
+        s = self.spec
+        ops = self.decode_ops
+        h = F.embedding(tokens, self.weights.params["embed"])
+        step = ops.prepare(pos, kv_len, cache)
+        for i in range(s.num_layers):
+            lw = self.weights.layer(i)
+            qkv = F.linear(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw["qkv_w"], lw.get("qkv_b"))
+            h = self._finish_layer(h, ops.attention(i, lw, qkv, step, cache), lw, ops.swiglu)
+        return self.logits(h)
