@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pickle
 
-import torch
 import torch.distributed as dist
 
 from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights

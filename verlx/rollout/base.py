@@ -52,6 +52,15 @@ class RolloutContext:
         return self.world_size // self.gpus_per_node
 
     @property
+    def engine_dtype(self) -> torch.dtype:
+        """rollout.dtype on GPU; float32 on CPU, where bf16 matmuls are slow and would not match the fp32 trainer."""
+        from verlx.utils.dtypes import torch_dtype
+
+        if self.device.type != "cuda":
+            return torch.float32
+        return torch_dtype(self.config.dtype, "actor_rollout_ref.rollout.dtype")
+
+    @property
     def tp_rank(self) -> int:
         return self.rank % self.tp_size
 

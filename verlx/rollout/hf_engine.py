@@ -14,7 +14,7 @@ from verlx.rollout.base import (
     register_engine,
     resolve_sampling,
 )
-from verlx.rollout.weight_sync import engine_dtype, hf_param_name
+from verlx.rollout.weight_sync import hf_param_name
 
 
 
@@ -26,7 +26,7 @@ class HFEngine(RolloutEngine):
         super().__init__(ctx)
         from transformers import AutoModelForCausalLM
 
-        dtype = engine_dtype(self.config.dtype) if ctx.device.type == "cuda" else torch.float32
+        dtype = ctx.engine_dtype
         if self.config.load_format == "dummy":
             model = AutoModelForCausalLM.from_config(ctx.hf_config, dtype=dtype,
                                                      trust_remote_code=ctx.trust_remote_code)

@@ -7,7 +7,6 @@ from collections import defaultdict
 
 import numpy as np
 
-from verlx.protocol import DataProto
 from verlx.trainer.generation_dump import generation_records, write_jsonl
 
 GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")

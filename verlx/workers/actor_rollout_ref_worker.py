@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
 
 from verlx.algorithms.kl import kl_needs_full_distribution
 from verlx.config.schema import PPOConfig
@@ -116,7 +115,7 @@ class ActorRolloutRefWorker(Worker):
         """Stream the actor's full weights into the engine, bucket by bucket; returns seconds taken."""
         start = time.perf_counter()
         rollout = self.config.actor_rollout_ref.rollout
-        dtype = torch_dtype(rollout.dtype) if self.device.type == "cuda" else torch.float32
+        dtype = self.engine_ctx.engine_dtype
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         state = ((k.removeprefix("hf_model."), v) for k, v in self.actor.module.state_dict().items())
         named = iter_engine_weights(state, dtype, tied, device=self.device)

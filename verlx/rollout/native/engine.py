@@ -26,11 +26,6 @@ from verlx.rollout.native.slots import SlotState
 from verlx.rollout.native.weights import WeightStore, iter_checkpoint
 from verlx.utils.registry import did_you_mean
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-}
 WAKE_TAGS = ("weights", "kv_cache")
 
 
@@ -85,15 +80,13 @@ class NativeEngine(RolloutEngine):
                 f"{ctx.tp_size}); set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (each GPU then "
                 "generates its own data-parallel shard) or use rollout.name=sglang/vllm"
             )
-        if cfg.dtype not in _DTYPES:
-            raise ValueError(f"rollout.dtype={cfg.dtype!r} not supported; use one of bfloat16, float16, float32")
         if cfg.load_format not in ("dummy", "auto"):
             raise ValueError(
                 f"rollout.load_format={cfg.load_format!r} not supported by the native engine; use dummy or auto"
             )
         self.options = NativeOptions.from_dict(cfg.engine_kwargs.native)
         self.device = torch.device(ctx.device)
-        self.dtype = _DTYPES[cfg.dtype]
+        self.dtype = ctx.engine_dtype
         self.spec = model_spec(ctx.hf_config)
         self.max_len = int(cfg.max_model_len or cfg.prompt_length + cfg.response_length)
         self.weights = WeightStore(self.spec, self.dtype, self.device)
