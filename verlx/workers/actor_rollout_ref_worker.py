@@ -85,6 +85,12 @@ class ActorRolloutRefWorker(Worker):
 
     def _init_engine(self, model_path: str) -> None:
         rollout = self.config.actor_rollout_ref.rollout
+        if not self.is_actor and rollout.load_format.startswith("dummy"):
+            raise ValueError(
+                f"role {self.role} has no actor to push weights into its rollout engine, so "
+                f"actor_rollout_ref.rollout.load_format={rollout.load_format} would generate from random weights; "
+                "set rollout.load_format=auto to load them from the model path"
+            )
         tp = rollout.tensor_model_parallel_size
         engine_cls = get_engine_class(rollout.name)
         self.engine_name = rollout.name
@@ -105,6 +111,8 @@ class ActorRolloutRefWorker(Worker):
         self.set_dispatch_info("rollout", ctx.dp_rank, ctx.dp_size, ctx.tp_rank == 0)
         self.engine = engine_cls(ctx)
         self.engine_ctx = ctx
+        # Without an actor nothing pushes weights: the engine's own, loaded from model_path, are the ones to use.
+        self.engine_weights_stale = self.is_actor
         if rollout.free_cache_engine:
             self.engine.sleep()
             self.engine_asleep = True
