@@ -23,6 +23,7 @@ from verlx.workers.fsdp.model_builder import (
     build_lr_scheduler,
     build_optimizer,
     expand_path,
+    import_external_lib,
     load_hf_config,
     load_policy
 )
@@ -59,6 +60,7 @@ class ActorRolloutRefWorker(Worker):
                                         arr.model.custom_chat_template)
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         on_gpu = self.device.type == "cuda"
+        import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
         if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
         if self.is_actor:
