@@ -22,6 +22,7 @@ from verlx.workers.fsdp.model_builder import (
     build_lr_scheduler,
     build_optimizer,
     expand_path,
+    import_external_lib,
     load_hf_config,
     load_policy
 )
@@ -58,6 +59,7 @@ class ActorRolloutRefWorker(Worker):
                                         arr.model.custom_chat_template)
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         on_gpu = self.device.type == "cuda"
+        import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
         if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
         if self.is_actor:
@@ -84,6 +86,12 @@ class ActorRolloutRefWorker(Worker):
 
     def _init_engine(self, model_path: str) -> None:
         rollout = self.config.actor_rollout_ref.rollout
+        if not self.is_actor and rollout.load_format.startswith("dummy"):
+            raise ValueError(
+                f"role {self.role} has no actor to push weights into its rollout engine, so "
+                f"actor_rollout_ref.rollout.load_format={rollout.load_format} would generate from random weights; "
+                "set rollout.load_format=auto to load them from the model path"
+            )
         tp = rollout.tensor_model_parallel_size
         engine_cls = get_engine_class(rollout.name)
         self.engine_name = rollout.name
@@ -104,6 +112,8 @@ class ActorRolloutRefWorker(Worker):
         self.set_dispatch_info("rollout", ctx.dp_rank, ctx.dp_size, ctx.tp_rank == 0)
         self.engine = engine_cls(ctx)
         self.engine_ctx = ctx
+        # Without an actor nothing pushes weights: the engine's own, loaded from model_path, are the ones to use.
+        self.engine_weights_stale = self.is_actor
         if rollout.free_cache_engine:
             self.engine.sleep()
             self.engine_asleep = True

@@ -1,0 +1,1 @@
+"""Command-line tools around a run's outputs (plotting metrics.jsonl, ...)."""
