@@ -31,7 +31,8 @@ class Validator:
         for batch in loader:
             batch = batch.repeat(n, interleave=True)
             gen_in, pad = batch.select(list(GEN_INPUTS), [], []).pad_to_divisor(self.world_size)
-            gen_in.meta_info.update({"validate": True, "do_sample": val_kwargs.do_sample,
+            # rows are already repeated n times: one sample per row
+            gen_in.meta_info.update({"validate": True, "n": 1, "do_sample": val_kwargs.do_sample,
                                      "seed": self.config.actor_rollout_ref.rollout.seed})
             out = self.wg.generate_sequences(gen_in).unpad(pad)
             out.meta_info.pop("timing", None)
