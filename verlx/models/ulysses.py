@@ -96,3 +96,19 @@ def gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
 def local_slice(group) -> tuple[int, int]:
     """(rank, sp size) of this process in the SP group."""
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+def sequence_parallel_group(sp_size: int):
+    """(this rank's SP group or None, dp_rank, dp_size): SP groups are blocks of consecutive ranks.
+
+    Collective: every rank calls it with the same size (torch.distributed.new_group for every block).
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if sp_size == 1:
+        return None, rank, world
+    mine = None
+    for start in range(0, world, sp_size):
+        group = dist.new_group(list(range(start, start + sp_size)))
+        if start <= rank < start + sp_size:
+            mine = group
+    return mine, rank // sp_size, world // sp_size

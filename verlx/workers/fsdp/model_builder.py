@@ -109,8 +109,13 @@ def apply_fsdp2(
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
     mesh=None,
+    grad_divide_factor: float | None = None,
 ) -> nn.Module:
-    """Shard every decoder layer and then the root; mixed precision on GPU (fp32 grads reduce)."""
+    """Shard every decoder layer and then the root; mixed precision on GPU (fp32 grads reduce).
+
+    Gradients are averaged over the ranks by default; `grad_divide_factor` replaces that divisor (Ulysses: the
+    SP ranks of one data shard hold partial gradients that must be summed, so divide by the dp size only).
+    """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     model.to(device)
@@ -124,9 +129,17 @@ def apply_fsdp2(
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     inner = model.hf_model if isinstance(model, PolicyModel) else model.decoder
-    for layer in decoder_layers(inner):
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    units = [*decoder_layers(inner), model]
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    if grad_divide_factor is not None:
+        for unit in units:
+            if hasattr(unit, "set_gradient_divide_factor"):
+                unit.set_gradient_divide_factor(float(grad_divide_factor))
+            else:  # older torch names it so
+                unit.set_reduce_scatter_divide_factor(float(grad_divide_factor))
+            if device.type == "cpu" and hasattr(unit, "set_force_sum_reduction_for_comms"):
+                unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM: sum, then divide
     return model
 
 
