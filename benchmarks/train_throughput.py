@@ -121,6 +121,23 @@ def attention_kernel_name(hf_config) -> str:
     return type(select_kernel(q, k, None, 0.0)).__name__
 
 
+def log_prob_seconds(hf_config, data: DataProto, chunk: int) -> float:
+    """Forward + backward of the chunked log-probs alone over the batch's response tokens (bf16): their share."""
+    from verlx.models.chunked_logprob import chunked_log_probs
+
+    n = int(data.batch["response_mask"].sum())
+    hidden = torch.randn(n, hf_config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(VOCAB, hf_config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (n,), device="cuda")
+    for _ in range(2):  # a warm-up, then the timed run
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        log_probs, _ = chunked_log_probs(hidden, weight, targets, 1.0, chunk)
+        log_probs.sum().backward()
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def run_shape(shape: str, args) -> list[dict]:
     from verlx.utils.flops import estimate_flops
 
@@ -150,6 +167,7 @@ def run_shape(shape: str, args) -> list[dict]:
         }
         if packed:
             row["attention_kernel"] = attention_kernel_name(hf_config)
+            row["logprob_seconds_per_update"] = log_prob_seconds(hf_config, data, args.chunk)
         rows_out.append(row)
         print(json.dumps(row), flush=True)
         del actor
@@ -164,6 +182,8 @@ def log_prob_memory(args) -> dict:
     from verlx.models.policy import PolicyModel
 
     rows, prompt, response = args.memory_tokens // 1024, 128, 896
+    gc.collect()
+    torch.cuda.empty_cache()
     torch.manual_seed(0)
     hf_config = qwen2_config("0.5b")
     hf_config._attn_implementation = "sdpa"
@@ -231,7 +251,8 @@ def main() -> None:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(f"{r['shape']:6} {r['mode']:7} {r['seconds_per_update']:9.2f} {r['tokens_per_s']:10.0f} "
               f"{r['achieved_tflops']:8.1f} {mfu:>6} {r['peak_memory_gb']:8.1f}  {r['micro_batch']}"
-              + (f"  [{r['attention_kernel']}]" if "attention_kernel" in r else ""))
+              + (f"  [{r['attention_kernel']}; log-probs {r['logprob_seconds_per_update']:.2f} s]"
+                 if "attention_kernel" in r else ""))
     print(f"log-probs over {memory['tokens']} tokens × {VOCAB} vocab: full logits {memory['full_logits_peak_gb']:.2f} GB"
           f", chunked {memory['chunked_peak_gb']:.2f} GB (ratio {memory['ratio_full_over_chunked']:.1f}×)")
     print(f"total {total:.0f} s")
