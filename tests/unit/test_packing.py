@@ -38,6 +38,8 @@ def test_pack_layout_by_hand():
     # response tokens 6, 7 | 15, 16, 17, 18 | 24, each predicted by the packed token just before it
     assert packed.response_targets.tolist() == [6, 7, 15, 16, 17, 18, 24]
     assert packed.predictor_index.tolist() == [2, 3, 9, 10, 11, 12, 14]
+    # their places in the flattened [3 × 4] response grid: row 0 → 0, 1; row 1 → 4..7; row 2 → 8
+    assert packed.response_index.tolist() == [0, 1, 4, 5, 6, 7, 8] and packed.response_shape == (3, 4)
     assert packed.input_ids[0, packed.predictor_index + 1].tolist() == packed.response_targets.tolist()
 
 

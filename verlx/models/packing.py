@@ -26,7 +26,8 @@ class PackedBatch:
     token_index: torch.Tensor  # [num_real_tokens] position of each packed token in the flattened [B * (P + R)]
     predictor_index: torch.Tensor  # [N] packed positions whose hidden state predicts a real response token
     response_targets: torch.Tensor  # [N] those response tokens
-    response_mask: torch.Tensor  # bool [B, R]: where the N response values go, in row-major order
+    response_index: torch.Tensor  # [N] their positions in the flattened [B * R] response grid
+    response_shape: tuple[int, int]  # (B, R)
 
 
 def cu_seqlens_from_lengths(lengths: list[int], device=None) -> torch.Tensor:
@@ -76,7 +77,8 @@ def pack_batch(
 
     # packed position of every padded position (meaningful where the mask is 1)
     packed_of = (flat_mask.cumsum(0) - 1).reshape(batch, seq)
-    target_index = packed_of[:, seq - response_length:][response_mask]
+    response_index = response_mask.reshape(-1).nonzero().squeeze(1)
+    target_index = packed_of[:, seq - response_length:].reshape(-1)[response_index]
     seq_lens = tuple(lengths) + ((tail,) if tail else ())
     return PackedBatch(
         input_ids=packed_ids.unsqueeze(0),
@@ -87,21 +89,22 @@ def pack_batch(
         num_real_tokens=real,
         token_index=token_index,
         predictor_index=target_index - 1,
-        response_targets=input_ids[:, seq - response_length:][response_mask],
-        response_mask=response_mask,
+        response_targets=input_ids[:, seq - response_length:].reshape(-1)[response_index],
+        response_index=response_index,
+        response_shape=(batch, response_length),
     )
 
 
 def scatter_responses(values: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
     """[N, ...] values of the real response tokens → [B, R, ...], zeros at padding (differentiable)."""
-    shape = (*packed.response_mask.shape, *values.shape[1:])
-    out = values.new_zeros(shape)
-    return out.index_put((packed.response_mask,), values)
+    batch, response = packed.response_shape
+    out = values.new_zeros((batch * response, *values.shape[1:])).index_put((packed.response_index,), values)
+    return out.reshape(batch, response, *values.shape[1:])
 
 
 def unpack_tokens(values: torch.Tensor, packed: PackedBatch, seq_len: int) -> torch.Tensor:
     """[T, ...] values of packed tokens (pad tail ignored) → [B, seq_len, ...], zeros at padding."""
-    batch = packed.response_mask.shape[0]
+    batch = packed.response_shape[0]
     out = values.new_zeros((batch * seq_len, *values.shape[1:]))
     out = out.index_put((packed.token_index,), values[: packed.num_real_tokens])
     return out.reshape(batch, seq_len, *values.shape[1:])
@@ -129,7 +132,8 @@ class ResponseRows:
         """`hidden` is [T_local, H]: the whole packed row, or this SP rank's slice of it."""
         if sp_group is None:
             return cls(hidden[batch.predictor_index], batch.response_targets,
-                       lambda values: scatter_responses(values, batch), lambda rows: rows[batch.response_mask])
+                       lambda values: scatter_responses(values, batch),
+                       lambda rows: rows.flatten(0, 1)[batch.response_index])
         from verlx.models.ulysses import gather_sequence
 
         local = hidden.shape[0]
@@ -143,4 +147,4 @@ class ResponseRows:
             return scatter_responses(gather_sequence(dense, sp_group)[batch.predictor_index], batch)
 
         return cls(hidden[local_offset], batch.response_targets[mine], assemble,
-                   lambda rows: rows[batch.response_mask][mine])
+                   lambda rows: rows.flatten(0, 1)[batch.response_index[mine]])
