@@ -30,14 +30,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from verlx.config.roles import ActorConfig  # noqa: E402
-from verlx.protocol import DataProto  # noqa: E402
+from verlx.config.roles import ActorConfig
+from verlx.protocol import DataProto
 
 SHAPES = {
-    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, tie_word_embeddings=True),
-    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960, tie_word_embeddings=True),
+    "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864, "tie_word_embeddings": True},
+    "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960, "tie_word_embeddings": True},
 }
 VOCAB, PROMPT, RESPONSE = 151936, 128, 1024
 # token slots per micro-batch (padded rows × 1152 = packed budget); sized for 80 GB without checkpointing
@@ -84,7 +84,11 @@ def build_actor(shape: str, packed: bool, cfg: ActorConfig, checkpointing: bool)
 
     from verlx.models.policy import PolicyModel
     from verlx.workers.actor import PPOActor
-    from verlx.workers.fsdp.model_builder import apply_fsdp2, build_optimizer, enable_activation_checkpointing
+    from verlx.workers.fsdp.model_builder import (
+        apply_fsdp2,
+        build_optimizer,
+        enable_activation_checkpointing,
+    )
 
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -100,7 +104,7 @@ def build_actor(shape: str, packed: bool, cfg: ActorConfig, checkpointing: bool)
     return PPOActor(cfg, module, optimizer, device), hf_config
 
 
-def time_updates(actor: PPOActor, data: DataProto, mini: int, micro: int | None, warmup: int, steps: int) -> float:
+def time_updates(actor, data: DataProto, mini: int, micro: int | None, warmup: int, steps: int) -> float:
     for _ in range(warmup):
         actor.update_policy(data, mini, micro)
     torch.cuda.synchronize()

@@ -53,8 +53,8 @@ def _summed_grads(model, group) -> dict[str, torch.Tensor]:
 
 def _compare(want: dict, got: dict) -> None:
     assert want.keys() == got.keys() and len(want) > 5
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5 * want[name].abs().max().item() + 1e-9,
+    for name, expected in want.items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=1e-5 * expected.abs().max().item() + 1e-9,
                                    msg=name)
 
 
