@@ -1,5 +1,5 @@
-"""Ulysses sequence parallelism on 2 gloo processes: SP=2 gives the log-probs, entropy, values and (summed over
-the SP group) parameter gradients of the unsplit packed model, in fp32."""
+"""Ulysses sequence parallelism on 2 gloo processes: SP=2 gives the log-probs, entropy, exact KL, values and
+(summed over the SP group) parameter gradients of the unsplit packed model, in fp32."""
 
 from __future__ import annotations
 
@@ -80,6 +80,31 @@ def _policy_case(kv_heads: int, group) -> None:
     _compare(g_1, g_2)
 
 
+def _full_kl_case(group) -> None:
+    """The exact-KL path: the reference's response hidden states are gathered whole; the KL is split again."""
+    from transformers import AutoModelForCausalLM
+
+    from verlx.models.policy import PolicyModel
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(_config(2)).float()
+    ref = AutoModelForCausalLM.from_config(_config(2)).float()
+    ids, mask, pos, resp = _batch()
+    rmask = mask[:, -resp:].bool()
+    results = []
+    for sp_group in (None, group):
+        reference = PolicyModel(copy.deepcopy(ref), packed=True, sp_group=sp_group)
+        policy = PolicyModel(copy.deepcopy(hf), packed=True, sp_group=sp_group)
+        ref_hidden, ref_weight = reference(ids, mask, pos, resp, return_response_hidden=True)
+        _, _, kl = policy(ids, mask, pos, resp, chunk_size=4, kl_reference=(ref_hidden, ref_weight))
+        kl[rmask].sum().backward()
+        results.append((ref_hidden, kl.detach(), _summed_grads(policy, sp_group)))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=2e-6)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=0, atol=2e-6)
+    assert results[0][1][rmask].min() > 0
+    _compare(results[0][2], results[1][2])
+
+
 def _value_case(group) -> None:
     from transformers import AutoModel
 
@@ -108,6 +133,7 @@ def _worker(rank: int, world: int, port: int) -> None:
         group = dist.new_group(list(range(world)))
         _policy_case(kv_heads=2, group=group)  # KV heads split 1 per rank
         _policy_case(kv_heads=1, group=group)  # 1 KV head replicated onto both ranks
+        _full_kl_case(group)
         _value_case(group)
     finally:
         dist.destroy_process_group()
