@@ -10,21 +10,29 @@ from __future__ import annotations
 import torch
 
 
-def _chunk_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
-    """Scaled logits z = h Wᵀ / T (fp32), their log-sum-exp, the target log-prob and the entropy for one chunk."""
+def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """z = h Wᵀ / T for one chunk, fp32 for half inputs (a fresh tensor the caller may modify in place)."""
     z = torch.matmul(hidden, weight.t())
     if z.dtype in (torch.bfloat16, torch.float16):
         z = z.float()
     if temperature != 1.0:
-        z = z / temperature
-    lse = torch.logsumexp(z, dim=-1)
-    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    p = torch.exp(z - lse.unsqueeze(-1))
-    entropy = lse - (p * z).sum(-1)
-    return z, lse, p, logp, entropy
+        z.div_(temperature)
+    return z
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Σ_v a[n, v] b[n, v] without materialising the product."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).reshape(a.shape[0])
 
 
 class _ChunkedLogProb(torch.autograd.Function):
+    """Saves h, W, targets and the per-token log-sum-exp (and entropy); backward recomputes one chunk's logits.
+
+    Passes over a [chunk, vocab] block are what this costs (memory-bound): forward is the matmul, one cast and
+    the log-sum-exp (+ exp and a row dot product for the entropy); backward is the matmul, p = exp(z - lse)
+    and one fused-in-place gradient, with no second log-sum-exp.
+    """
+
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy, out_shape):
         n = hidden.shape[0]
@@ -32,25 +40,32 @@ class _ChunkedLogProb(torch.autograd.Function):
         # outputs are allocated in their final shape (not views of flat buffers): FSDP's output hooks need that
         logp = torch.empty(out_shape, device=hidden.device, dtype=out_dtype)
         entropy = torch.empty(out_shape, device=hidden.device, dtype=out_dtype) if with_entropy else None
+        lse = torch.empty(n, device=hidden.device, dtype=out_dtype)
         flat_logp = logp.view(-1)
         flat_entropy = entropy.view(-1) if with_entropy else None
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            _, _, _, lp, ent = _chunk_stats(hidden[start:end], weight, targets[start:end], temperature)
-            flat_logp[start:end] = lp
+            z = _scaled_logits(hidden[start:end], weight, temperature)
+            chunk_lse = torch.logsumexp(z, dim=-1)
+            lse[start:end] = chunk_lse
+            flat_logp[start:end] = z.gather(-1, targets[start:end].unsqueeze(-1)).squeeze(-1) - chunk_lse
             if with_entropy:
-                flat_entropy[start:end] = ent
-        ctx.save_for_backward(hidden, weight, targets)
+                p = torch.exp(z - chunk_lse.unsqueeze(-1))
+                flat_entropy[start:end] = chunk_lse - _row_dot(p, z)
+        saved_entropy = flat_entropy.clone() if with_entropy else lse.new_zeros(0)  # not a view of an output
+        ctx.save_for_backward(hidden, weight, targets, lse, saved_entropy)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
         return (logp, entropy) if with_entropy else (logp, torch.zeros(0, device=hidden.device))
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        hidden, weight, targets = ctx.saved_tensors
-        grad_logp = grad_logp.reshape(-1)
-        if ctx.with_entropy and grad_entropy is not None:
-            grad_entropy = grad_entropy.reshape(-1)
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
         t = ctx.temperature
+        # the 1/T of z = h Wᵀ / T is folded into the incoming gradients (grad_z is linear in them)
+        grad_logp = grad_logp.reshape(-1) / t
+        use_entropy = ctx.with_entropy and grad_entropy is not None and grad_entropy.numel() > 0
+        if use_entropy:
+            grad_entropy = grad_entropy.reshape(-1) / t
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_h else None
         acc_dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
@@ -58,15 +73,16 @@ class _ChunkedLogProb(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             end = min(start + ctx.chunk_size, hidden.shape[0])
             h = hidden[start:end]
-            z, _, p, _, _ = _chunk_stats(h, weight, targets[start:end], t)
-            # d logp_t / dz = onehot(t) - p ;  d H / dz = -p * (z - E_p[z])
-            grad_z = -p * grad_logp[start:end].unsqueeze(-1)
-            grad_z.scatter_add_(-1, targets[start:end].unsqueeze(-1), grad_logp[start:end].unsqueeze(-1))
-            if ctx.with_entropy and grad_entropy is not None and grad_entropy.numel():
-                mean_z = (p * z).sum(-1, keepdim=True)
-                grad_z -= grad_entropy[start:end].unsqueeze(-1) * p * (z - mean_z)
-            if t != 1.0:
-                grad_z = grad_z / t
+            g_lp = grad_logp[start:end].unsqueeze(-1)
+            # log p = z - lse;  d logp_t / dz = onehot(t) - p;  d H / dz = -p (log p + H)
+            log_p = _scaled_logits(h, weight, t).sub_(lse[start:end].unsqueeze(-1))
+            p = torch.exp(log_p)
+            if use_entropy:
+                coeff = log_p.add_(entropy[start:end].unsqueeze(-1)).mul_(grad_entropy[start:end].unsqueeze(-1))
+                grad_z = p.mul_(coeff.add_(g_lp)).neg_()
+            else:
+                grad_z = p.mul_(g_lp).neg_()
+            grad_z.scatter_add_(-1, targets[start:end].unsqueeze(-1), g_lp)
             grad_z = grad_z.to(h.dtype)
             if need_h:
                 grad_hidden[start:end] = torch.matmul(grad_z, weight.to(h.dtype))

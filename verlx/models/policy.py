@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verlx.models.attention import packed_attention_kwargs, use_packed_attention
 from verlx.models.chunked_logprob import chunked_full_kl, chunked_log_probs
+from verlx.models.packing import ResponseRows, pack_batch
 
 
 def decoder_layers(hf_model: nn.Module) -> list[nn.Module]:
@@ -23,17 +25,48 @@ def decoder_layers(hf_model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def _decoder_forward(decoder: nn.Module, input_ids, attention_mask, position_ids) -> torch.Tensor:
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+def _decoder_forward(decoder: nn.Module, input_ids, attention_mask, position_ids, **kwargs) -> torch.Tensor:
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                  **kwargs)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
-class PolicyModel(nn.Module):
-    """A HF causal LM; forward gives log-probs (and entropy) of the response tokens under temperature T."""
+def response_rows(decoder: nn.Module, input_ids, attention_mask, position_ids, response_length: int, packed: bool,
+                  sp_group=None) -> ResponseRows:
+    """Run the decoder and pick the hidden states that predict the response tokens (padded or packed)."""
+    if not packed:
+        hidden = _decoder_forward(decoder, input_ids, attention_mask, position_ids)
+        # the hidden state at position t predicts token t+1: the last response_length+1 positions but one
+        return ResponseRows.padded(hidden[:, -response_length - 1 : -1], input_ids[:, -response_length:])
+    sp = torch.distributed.get_world_size(sp_group) if sp_group is not None else 1
+    batch = pack_batch(input_ids, attention_mask, position_ids, response_length, pad_multiple=sp)
+    ids, pos = batch.input_ids, batch.position_ids
+    if sp > 1:
+        local = ids.shape[1] // sp
+        start = torch.distributed.get_rank(sp_group) * local
+        ids, pos = ids[:, start : start + local], pos[:, start : start + local]
+    kwargs = packed_attention_kwargs(batch.cu_seqlens, batch.max_seqlen, batch.seq_lens,
+                                     sp_group if sp > 1 else None)
+    hidden = _decoder_forward(decoder, ids, None, pos, **kwargs)
+    return ResponseRows.packed(hidden[0], batch, sp_group if sp > 1 else None)
 
-    def __init__(self, hf_model: nn.Module):
+
+class PolicyModel(nn.Module):
+    """A HF causal LM; forward gives log-probs (and entropy) of the response tokens under temperature T.
+
+    packed=True runs the decoder on the micro-batch's real tokens only (remove-padding, `verlx.models.packing`),
+    optionally split over a Ulysses sequence-parallel group; inputs and outputs keep the padded layout.
+    """
+
+    def __init__(self, hf_model: nn.Module, packed: bool = False, sp_group=None):
         super().__init__()
+        if sp_group is not None and not packed:
+            raise ValueError("Ulysses sequence parallelism needs packed sequences (use_remove_padding=True)")
         self.hf_model = hf_model
+        self.packed = packed
+        self.sp_group = sp_group
+        if packed:
+            use_packed_attention(hf_model)
 
     @property
     def config(self):
@@ -51,21 +84,25 @@ class PolicyModel(nn.Module):
         kl_reference: tuple[torch.Tensor, torch.Tensor] | None = None,
         return_response_hidden: bool = False,
     ):
-        """(log_probs, entropy) of the response tokens; plus the exact per-token KL to `kl_reference` (the reference's
-        response hidden states and output weight) when given. With return_response_hidden, returns instead this
-        model's (response hidden states, output weight), detached copies, for use as another model's kl_reference."""
-        hidden = _decoder_forward(self.hf_model.get_decoder(), input_ids, attention_mask, position_ids)
-        # the hidden state at position t predicts token t+1: the last response_length+1 positions but one
-        h = hidden[:, -response_length - 1 : -1]
+        """(log_probs, entropy) of the response tokens, [B, R] each; plus the exact per-token KL to `kl_reference`
+        (the reference's response hidden states [B, R, H] and output weight) when given. With
+        return_response_hidden, returns instead this model's (response hidden states [B, R, H], output weight),
+        detached copies, for use as another model's kl_reference. Packed: zeros where the response is padding."""
+        rows = response_rows(self.hf_model.get_decoder(), input_ids, attention_mask, position_ids, response_length,
+                             self.packed, self.sp_group)
         weight = self.hf_model.get_output_embeddings().weight
         if return_response_hidden:
-            return h.detach().clone(), weight.detach().clone()
-        targets = input_ids[:, -response_length:]
-        log_probs, entropy = chunked_log_probs(h, weight, targets, temperature, chunk_size, with_entropy)
+            return rows.assemble(rows.hidden.detach()).clone(), weight.detach().clone()
+        log_probs, entropy = chunked_log_probs(rows.hidden, weight, rows.targets, temperature, chunk_size,
+                                               with_entropy)
+        log_probs = rows.assemble(log_probs)
+        entropy = rows.assemble(entropy) if entropy is not None else None
         if kl_reference is None:
             return log_probs, entropy
-        full_kl = chunked_full_kl(h, weight, *kl_reference, temperature=temperature, chunk_size=chunk_size)
-        return log_probs, entropy, full_kl
+        ref_hidden, ref_weight = kl_reference
+        full_kl = chunked_full_kl(rows.hidden, weight, rows.select(ref_hidden), ref_weight, temperature=temperature,
+                                  chunk_size=chunk_size)
+        return log_probs, entropy, rows.assemble(full_kl)
 
     def hf_state_dict_key(self, key: str) -> str:
         return key.removeprefix("hf_model.")
@@ -74,17 +111,24 @@ class PolicyModel(nn.Module):
 class ValueModel(nn.Module):
     """A HF decoder with a scalar value head; forward gives the value at each response position."""
 
-    def __init__(self, decoder: nn.Module, hidden_size: int):
+    def __init__(self, decoder: nn.Module, hidden_size: int, packed: bool = False, sp_group=None):
         super().__init__()
+        if sp_group is not None and not packed:
+            raise ValueError("Ulysses sequence parallelism needs packed sequences (use_remove_padding=True)")
         self.decoder = decoder
         self.value_head = nn.Linear(hidden_size, 1, bias=False)
         nn.init.zeros_(self.value_head.weight)
+        self.packed = packed
+        self.sp_group = sp_group
+        if packed:
+            use_packed_attention(decoder)
 
     @property
     def config(self):
         return self.decoder.config
 
     def forward(self, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
-        hidden = _decoder_forward(self.decoder, input_ids, attention_mask, position_ids)
-        h = hidden[:, -response_length - 1 : -1]
-        return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        rows = response_rows(self.decoder, input_ids, attention_mask, position_ids, response_length, self.packed,
+                             self.sp_group)
+        values = self.value_head(rows.hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        return rows.assemble(values)

@@ -8,6 +8,7 @@ import time
 
 from verlx.algorithms.kl import kl_needs_full_distribution
 from verlx.config.schema import PPOConfig
+from verlx.models.ulysses import check_ulysses, sequence_parallel_group
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
 from verlx.rollout.weight_sync import iter_buckets, iter_engine_weights
@@ -60,13 +61,15 @@ class ActorRolloutRefWorker(Worker):
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         on_gpu = self.device.type == "cuda"
         import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
+        sp_group, dp_size = self._init_sequence_parallel()
         if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
         if self.is_actor:
             fsdp = arr.actor.fsdp_config
-            module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype))
+            module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype), sp_group=sp_group)
             apply_fsdp2(module, self.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
-                        cpu_offload=fsdp.offload_policy and on_gpu)
+                        cpu_offload=fsdp.offload_policy and on_gpu,
+                        grad_divide_factor=dp_size if sp_group is not None else None)
             optimizer = build_optimizer(module.parameters(), arr.actor.optim)
             self.lr_scheduler = build_lr_scheduler(optimizer, arr.actor.optim, cfg.trainer.total_training_steps or 1)
             self.actor = PPOActor(arr.actor, module, optimizer, self.device,
@@ -76,13 +79,28 @@ class ActorRolloutRefWorker(Worker):
         if self.is_ref:
             ref_fsdp = arr.ref.fsdp_config
             ref_model_cfg = type(arr.model)(**{**arr.model.__dict__, "enable_gradient_checkpointing": False})
-            ref_module = load_policy(model_path, ref_model_cfg, torch_dtype(ref_fsdp.model_dtype))
+            ref_module = load_policy(model_path, ref_model_cfg, torch_dtype(ref_fsdp.model_dtype), sp_group=sp_group)
             ref_module.requires_grad_(False)
             apply_fsdp2(ref_module, self.device, torch_dtype(ref_fsdp.dtype), ref_fsdp.reshard_after_forward)
             self.ref = PPOActor(arr.actor, ref_module, None, self.device)
             if self.actor is not None:
                 self.actor.reference = self.ref
         return {"rank": self.rank, "device": str(self.device)}
+
+    def _init_sequence_parallel(self):
+        """Ulysses: SP groups of consecutive ranks share one data shard (mesh "actor"); returns (group, dp size)."""
+        arr = self.config.actor_rollout_ref
+        sizes = {"actor_rollout_ref.actor": arr.actor.ulysses_sequence_parallel_size} if self.is_actor else {}
+        if self.is_ref:
+            sizes["actor_rollout_ref.ref"] = arr.ref.ulysses_sequence_parallel_size
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"the actor and the reference share workers and need one Ulysses size, got {sizes}")
+        sp = next(iter(sizes.values()), 1)
+        if sp > 1:
+            check_ulysses(self.hf_config, sp, self.world_size, f"{next(iter(sizes))}.ulysses_sequence_parallel_size")
+        group, dp_rank, dp_size = sequence_parallel_group(sp)
+        self.set_dispatch_info("actor", dp_rank, dp_size, self.rank % sp == 0)
+        return group, dp_size
 
     def _init_engine(self, model_path: str) -> None:
         rollout = self.config.actor_rollout_ref.rollout
@@ -165,17 +183,17 @@ class ActorRolloutRefWorker(Worker):
         src = arr.ref if use_ref else arr.rollout
         micro = src.log_prob_micro_batch_size_per_gpu
         if micro is None and src.log_prob_micro_batch_size is not None:
-            micro = max(1, src.log_prob_micro_batch_size // self.world_size)
+            micro = max(1, src.log_prob_micro_batch_size // self._dp_size())
         return micro, src.log_prob_use_dynamic_bsz, src.log_prob_max_token_len_per_gpu
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=False)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
         return DataProto({"old_log_probs": log_prob.cpu(), "entropys": entropy.cpu()})
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError(f"role {self.role} has no reference model")
@@ -192,7 +210,7 @@ class ActorRolloutRefWorker(Worker):
         """Data-parallel ranks the training batch is split over."""
         return self.world_size // self.config.actor_rollout_ref.actor.ulysses_sequence_parallel_size
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def update_actor(self, data: DataProto) -> DataProto:
         arr = self.config.actor_rollout_ref
         actor_cfg = arr.actor

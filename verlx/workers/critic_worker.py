@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from verlx.config.schema import PPOConfig
+from verlx.models.ulysses import check_ulysses, sequence_parallel_group
 from verlx.protocol import DataProto
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.distributed import init_distributed
@@ -17,6 +18,7 @@ from verlx.workers.fsdp.model_builder import (
     build_lr_scheduler,
     build_optimizer,
     expand_path,
+    load_hf_config,
     load_value_model
 )
 
@@ -34,9 +36,16 @@ class CriticWorker(Worker):
         seed_everything(cfg.trainer.seed + 1000 + self.rank)
         path = expand_path(critic.model.path or cfg.actor_rollout_ref.model.path)
         fsdp = critic.model.fsdp_config
-        module = load_value_model(path, critic.model, torch_dtype(fsdp.model_dtype))
+        sp = critic.ulysses_sequence_parallel_size
+        if sp > 1:
+            check_ulysses(load_hf_config(path, critic.model.trust_remote_code, critic.model.override_config), sp,
+                          self.world_size, "critic.ulysses_sequence_parallel_size")
+        sp_group, dp_rank, dp_size = sequence_parallel_group(sp)
+        self.set_dispatch_info("critic", dp_rank, dp_size, self.rank % sp == 0)
+        module = load_value_model(path, critic.model, torch_dtype(fsdp.model_dtype), sp_group=sp_group)
         apply_fsdp2(module, self.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
-                    cpu_offload=fsdp.offload_policy and self.device.type == "cuda")
+                    cpu_offload=fsdp.offload_policy and self.device.type == "cuda",
+                    grad_divide_factor=dp_size if sp_group is not None else None)
         optimizer = build_optimizer(module.parameters(), critic.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, critic.optim, cfg.trainer.total_training_steps or 1)
         self.critic = PPOCritic(critic, module, optimizer, self.device, cfg.trainer.max_consecutive_nonfinite_updates)
@@ -50,7 +59,7 @@ class CriticWorker(Worker):
             return per_gpu
         return max(1, global_size // self._dp()) if global_size is not None else None
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, mesh="critic")
     def compute_values(self, data: DataProto) -> DataProto:
         c = self.config.critic
         micro = self._micro(c.forward_micro_batch_size_per_gpu, c.forward_micro_batch_size) or self._micro(
@@ -58,7 +67,7 @@ class CriticWorker(Worker):
         values = self.critic.compute_values(data, micro)
         return DataProto({"values": values.cpu()})
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, mesh="critic")
     def update_critic(self, data: DataProto) -> DataProto:
         c = self.config.critic
         mini = c.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // self._dp()

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from verlx.models.attention import register_packed_attention
 from verlx.models.policy import PolicyModel, ValueModel, decoder_layers
 
 logger = logging.getLogger(__name__)
@@ -44,11 +45,22 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa") -> PolicyModel:
-    """The HF causal LM in `master_dtype`, wrapped for chunked log-probs."""
+def uses_packing(model_cfg) -> bool:
+    return bool(getattr(model_cfg, "use_remove_padding", False))
+
+
+def attention_for(model_cfg, default: str = "sdpa") -> str:
+    """The attn_implementation to load with: our packed varlen attention when use_remove_padding is on."""
+    return register_packed_attention() if uses_packing(model_cfg) else default
+
+
+def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa",
+                sp_group=None) -> PolicyModel:
+    """The HF causal LM in `master_dtype`, wrapped for chunked log-probs (packed when use_remove_padding)."""
     from transformers import AutoModelForCausalLM
 
     import_external_lib(model_cfg.external_lib)
+    attn_implementation = attention_for(model_cfg, attn_implementation)
     config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
@@ -62,14 +74,16 @@ def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementa
         raise RuntimeError(f"could not load the model from {path!r} (actor_rollout_ref.model.path): {e}") from e
     if model_cfg.enable_gradient_checkpointing:
         enable_activation_checkpointing(hf_model)
-    return PolicyModel(hf_model)
+    return PolicyModel(hf_model, packed=uses_packing(model_cfg), sp_group=sp_group)
 
 
-def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa") -> ValueModel:
+def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa",
+                     sp_group=None) -> ValueModel:
     """The HF decoder of the checkpoint (no lm_head) plus a zero-initialised value head."""
     from transformers import AutoModel
 
     import_external_lib(model_cfg.external_lib)
+    attn_implementation = attention_for(model_cfg, attn_implementation)
     config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
     try:
         decoder = AutoModel.from_pretrained(
@@ -83,7 +97,7 @@ def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_imple
         raise RuntimeError(f"could not load the critic from {path!r} (critic.model.path): {e}") from e
     if model_cfg.enable_gradient_checkpointing:
         enable_activation_checkpointing(decoder)
-    model = ValueModel(decoder, config.hidden_size)
+    model = ValueModel(decoder, config.hidden_size, packed=uses_packing(model_cfg), sp_group=sp_group)
     model.value_head.to(master_dtype)
     return model
 
@@ -95,8 +109,13 @@ def apply_fsdp2(
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
     mesh=None,
+    grad_divide_factor: float | None = None,
 ) -> nn.Module:
-    """Shard every decoder layer and then the root; mixed precision on GPU (fp32 grads reduce)."""
+    """Shard every decoder layer and then the root; mixed precision on GPU (fp32 grads reduce).
+
+    Gradients are averaged over the ranks by default; `grad_divide_factor` replaces that divisor (Ulysses: the
+    SP ranks of one data shard hold partial gradients that must be summed, so divide by the dp size only).
+    """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     model.to(device)
@@ -110,9 +129,17 @@ def apply_fsdp2(
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     inner = model.hf_model if isinstance(model, PolicyModel) else model.decoder
-    for layer in decoder_layers(inner):
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    units = [*decoder_layers(inner), model]
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    if grad_divide_factor is not None:
+        for unit in units:
+            if hasattr(unit, "set_gradient_divide_factor"):
+                unit.set_gradient_divide_factor(float(grad_divide_factor))
+            else:  # older torch names it so
+                unit.set_reduce_scatter_divide_factor(float(grad_divide_factor))
+            if device.type == "cpu" and hasattr(unit, "set_force_sum_reduction_for_comms"):
+                unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM: sum, then divide
     return model
 
 

@@ -29,8 +29,8 @@ def _declare_data_parallel(worker) -> None:
 
     is_collect = (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
                   and mpu.is_pipeline_last_stage(ignore_virtual=True))
-    worker.set_dispatch_info(DEFAULT_MESH, mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size(),
-                             is_collect)
+    for mesh in (DEFAULT_MESH, "actor", "critic"):  # the FSDP workers' methods dispatch by role mesh
+        worker.set_dispatch_info(mesh, mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size(), is_collect)
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
