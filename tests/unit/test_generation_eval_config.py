@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 
 import pytest
 
 from verlx.config.evaluation import EvaluationConfig
 from verlx.config.generation import GenerationConfig
-from verlx.config.loader import CONFIG_DIR, ConfigError, build, check_override_keys, load_yaml, to_container
+from verlx.config.loader import ConfigError, build, check_override_keys, load_yaml, to_container
 
 CONFIGS = [("generation", GenerationConfig), ("evaluation", EvaluationConfig)]
-KEY_LINE = re.compile(r"^(\s*)([A-Za-z_][A-Za-z0-9_]*):")
-
-
-@pytest.mark.parametrize("name,schema", CONFIGS, ids=[c[0] for c in CONFIGS])
-def test_every_key_has_a_comment_above_it(name, schema):
-    with open(os.path.join(CONFIG_DIR, f"{name}.yaml")) as f:
-        lines = f.read().splitlines()
-    undocumented = []
-    for i, line in enumerate(lines):
-        match = KEY_LINE.match(line)
-        if match is None:
-            continue
-        above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        if not above.strip().startswith("#") or not above.startswith(match.group(1) + "#"):
-            undocumented.append(f"line {i + 1}: {match.group(2)}")
-    assert not undocumented, f"{name}.yaml keys without a comment line above them: {undocumented}"
 
 
 @pytest.mark.parametrize("name,schema", CONFIGS, ids=[c[0] for c in CONFIGS])
