@@ -41,9 +41,16 @@ def merge_fsdp(local_dir: str, target_dir: str, dtype: torch.dtype | None) -> No
         raise FileNotFoundError(f"{local_dir} has no {HF_SUBDIR}/ (model config and tokenizer) directory")
     config = AutoConfig.from_pretrained(hf_dir)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # the trainer saved {"model": PolicyModel state dict}: keys "hf_model.<HF name>", flattened as "model.hf_model..."
+    lora = os.path.exists(os.path.join(hf_dir, "adapter_config.json"))
+    if lora:  # a LoRA actor: rebuild the adapters, load them with the base weights, then merge
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig.from_pretrained(hf_dir))
+    # the trainer saved {"model": PolicyModel state dict}: keys "hf_model.<name>", flattened as "model.hf_model..."
     wanted = {"model": {"hf_model." + k: v for k, v in model.state_dict().items()}}
     dcp.load(wanted, checkpoint_id=os.path.join(local_dir, "dcp"), no_dist=True)
+    if lora:
+        model = model.merge_and_unload()
     if dtype is not None:
         model.to(dtype)
     _save_atomically(target_dir, lambda tmp: (model.save_pretrained(tmp, safe_serialization=True),

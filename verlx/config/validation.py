@@ -237,6 +237,14 @@ def check_unsupported(cfg: PPOConfig, f: Findings) -> None:
     if t.resume_mode == "resume_path":
         f.require(t.resume_from_path is not None,
                   "trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank > 0:
+        from verlx.models.lora import INSTALL_HINT, peft_available
+
+        f.require(peft_available(), f"actor_rollout_ref.model.lora_rank={model.lora_rank} needs the peft package: "
+                  f"{INSTALL_HINT}")
+        f.require(cfg.actor_rollout_ref.actor.strategy in ("fsdp", "fsdp2"),
+                  f"actor_rollout_ref.model.lora_rank={model.lora_rank} is supported with the fsdp strategy only")
     loggers = t.loggers
     from verlx.utils.tracking import LOGGERS
 

@@ -40,6 +40,12 @@ def engine_dtype(name: str) -> torch.dtype:
     return torch_dtype(name, "actor_rollout_ref.rollout.dtype")
 
 
+def gather_full(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Sharded (DTensor) tensors gathered one at a time: a collective, so every rank iterates in the same order."""
+    for name, tensor in named_tensors:
+        yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
+
+
 def iter_engine_weights(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     dtype: torch.dtype | None,
@@ -51,12 +57,9 @@ def iter_engine_weights(
     Sharded (DTensor) parameters are gathered one at a time with full_tensor(), a collective: every rank must
     iterate the same parameters in the same order, and the tied lm_head is skipped before gathering on all ranks.
     """
-    for name, tensor in named_tensors:
-        name = hf_param_name(name)
-        if tie_word_embeddings and name == "lm_head.weight":
-            continue
-        if hasattr(tensor, "full_tensor"):
-            tensor = tensor.full_tensor()
+    kept = ((hf_param_name(n), t) for n, t in named_tensors)
+    kept = ((n, t) for n, t in kept if not (tie_word_embeddings and n == "lm_head.weight"))
+    for name, tensor in gather_full(kept):
         if device is not None:
             tensor = tensor.to(device, non_blocking=True)
         if dtype is not None and tensor.is_floating_point():

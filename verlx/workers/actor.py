@@ -19,9 +19,11 @@ class PPOActor:
     """Runs on one data-parallel rank; gradients are averaged across ranks by the sharding backend."""
 
     def __init__(self, config, module, optimizer=None, device=torch.device("cpu"), max_consecutive_nonfinite: int = 3,
-                 reference: "PPOActor | None" = None):
+                 reference: "PPOActor | None" = None, adapters_disabled: bool = False):
         self.config = config
         self.module = module
+        # a LoRA actor's module doubles as the reference: the same weights with the adapters switched off
+        self.adapters_disabled = adapters_disabled
         self.reference = reference  # the frozen reference, for the exact (full-vocabulary) KL
         self.optimizer = optimizer
         self.device = device
@@ -29,6 +31,12 @@ class PPOActor:
 
     # ------------------------------------------------------------------ forward
     def _forward(self, mb: DataProto, temperature: float, with_entropy: bool, **extra):
+        if self.adapters_disabled:
+            with self.module.hf_model.disable_adapter():
+                return self._run_module(mb, temperature, with_entropy, **extra)
+        return self._run_module(mb, temperature, with_entropy, **extra)
+
+    def _run_module(self, mb: DataProto, temperature: float, with_entropy: bool, **extra):
         inputs = {k: mb.batch[k].to(self.device, non_blocking=True) for k in MODEL_INPUTS}
         response_length = mb.batch["responses"].shape[-1]
         return self.module(

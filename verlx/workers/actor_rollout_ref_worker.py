@@ -11,13 +11,15 @@ from verlx.config.schema import PPOConfig
 from verlx.models.ulysses import check_ulysses, sequence_parallel_group
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
-from verlx.rollout.weight_sync import iter_buckets, iter_engine_weights
+from verlx.models.lora import lora_scaling, merged_weights
+from verlx.rollout.weight_sync import gather_full, iter_buckets, iter_engine_weights
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.distributed import init_distributed
 from verlx.utils.dtypes import torch_dtype
 from verlx.utils.seeding import seed_everything
 from verlx.workers.actor import PPOActor
 from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
+from verlx.workers.stats import optimizer_state_bytes
 from verlx.workers.fsdp.model_builder import (
     apply_fsdp2,
     build_lr_scheduler,
@@ -66,7 +68,9 @@ class ActorRolloutRefWorker(Worker):
             self._init_engine(model_path)
         if self.is_actor:
             fsdp = arr.actor.fsdp_config
-            module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype), sp_group=sp_group)
+            self.lora = arr.model.lora_rank > 0
+            module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype), sp_group=sp_group,
+                                 with_lora=self.lora)
             apply_fsdp2(module, self.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
                         cpu_offload=fsdp.offload_policy and on_gpu,
                         grad_divide_factor=dp_size if sp_group is not None else None)
@@ -76,7 +80,10 @@ class ActorRolloutRefWorker(Worker):
                                   cfg.trainer.max_consecutive_nonfinite_updates)
             self.checkpoint = FSDPCheckpointManager(module, optimizer, self.lr_scheduler, self.tokenizer,
                                                     self.hf_config, strip_prefix="hf_model.")
-        if self.is_ref:
+        if self.is_ref and self.is_actor and self.lora:
+            self.ref = PPOActor(arr.actor, self.actor.module, None, self.device, adapters_disabled=True)
+            self.actor.reference = self.ref
+        elif self.is_ref:
             ref_fsdp = arr.ref.fsdp_config
             ref_model_cfg = type(arr.model)(**{**arr.model.__dict__, "enable_gradient_checkpointing": False})
             ref_module = load_policy(model_path, ref_model_cfg, torch_dtype(ref_fsdp.model_dtype), sp_group=sp_group)
@@ -146,6 +153,8 @@ class ActorRolloutRefWorker(Worker):
         dtype = self.engine_ctx.engine_dtype
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         state = ((k.removeprefix("hf_model."), v) for k, v in self.actor.module.state_dict().items())
+        if self.lora:  # engines get plain HF weights with the adapters merged in
+            state = merged_weights(gather_full(state), lora_scaling(self.actor.module.hf_model))
         named = iter_engine_weights(state, dtype, tied, device=self.device)
         bucket_bytes = rollout.update_weights_bucket_megabytes << 20
         for bucket in iter_buckets(named, bucket_bytes):
@@ -223,6 +232,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         metrics = self.actor.update_policy(data, mini, micro)
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics["actor/optimizer_state_gb"] = optimizer_state_bytes(self.actor.optimizer) / 1e9
         self.lr_scheduler.step()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
         self.engine_weights_stale = True

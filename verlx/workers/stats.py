@@ -67,3 +67,14 @@ class MetricAccumulator:
             out.update(dict(zip(names, values.tolist())))
         out.update({name: float(count) for name, count in self._counts.items()})
         return out
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes of optimizer state this rank holds (its shard of sharded states)."""
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                local = value.to_local() if hasattr(value, "to_local") else value
+                total += local.numel() * local.element_size()
+    return total

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from verlx.models.lora import is_lora_model
 from verlx.utils.seeding import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ class FSDPCheckpointManager:
             self.hf_config.save_pretrained(hf_dir)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(hf_dir)
+            hf_model = getattr(self.module, "hf_model", None)
+            if hf_model is not None and is_lora_model(hf_model):  # the merger rebuilds the adapters from this
+                hf_model.peft_config["default"].save_pretrained(hf_dir)
         if dist.is_initialized():
             dist.barrier()
 

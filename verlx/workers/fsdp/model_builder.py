@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from verlx.models.attention import register_packed_attention
+from verlx.models.lora import apply_lora
 from verlx.models.policy import PolicyModel, ValueModel, decoder_layers
 
 logger = logging.getLogger(__name__)
@@ -55,8 +56,9 @@ def attention_for(model_cfg, default: str = "sdpa") -> str:
 
 
 def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa",
-                sp_group=None) -> PolicyModel:
-    """The HF causal LM in `master_dtype`, wrapped for chunked log-probs (packed when use_remove_padding)."""
+                sp_group=None, with_lora: bool = False) -> PolicyModel:
+    """The HF causal LM in `master_dtype`, wrapped for chunked log-probs (packed when use_remove_padding), with LoRA
+    adapters when `with_lora` (model.lora_rank > 0)."""
     from transformers import AutoModelForCausalLM
 
     import_external_lib(model_cfg.external_lib)
@@ -74,6 +76,8 @@ def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementa
         raise RuntimeError(f"could not load the model from {path!r} (actor_rollout_ref.model.path): {e}") from e
     if model_cfg.enable_gradient_checkpointing:
         enable_activation_checkpointing(hf_model)
+    if with_lora:
+        hf_model = apply_lora(hf_model, model_cfg)
     return PolicyModel(hf_model, packed=uses_packing(model_cfg), sp_group=sp_group)
 
 
