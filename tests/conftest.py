@@ -72,3 +72,20 @@ def arithmetic_data_dir(tmp_path_factory):
                     "--local_save_dir", str(out), "--test_size", "16", "--train_size", "64"],
                    check=True, capture_output=True)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """A simulated 2-node Ray cluster: two raylets on this machine, 2 CPUs each; the driver is connected to it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()

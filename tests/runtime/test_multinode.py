@@ -8,22 +8,6 @@ from runtime_workers import EchoWorker
 from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
 
-@pytest.fixture(scope="module")
-def two_node_cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-
-
 def test_group_spans_two_nodes_and_all_reduce_works(two_node_cluster):
     pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="twonode")
     group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name="twonode")

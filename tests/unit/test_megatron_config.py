@@ -9,7 +9,7 @@ import pytest
 from verlx.config.loader import build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 from verlx.config.validation import Findings, check_batch_arithmetic
-from verlx.trainer.main_ppo import override_args
+from verlx.trainer.entrypoint import override_args
 from verlx.workers.megatron import INSTALL_COMMAND
 from verlx.workers.megatron.config_checks import megatron_problems
 from verlx.workers.registry import worker_classes

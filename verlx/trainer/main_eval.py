@@ -13,17 +13,17 @@ import json
 import logging
 import math
 import os
-import sys
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass
 
-import hydra
 import numpy as np
-from omegaconf import DictConfig
 
 from verlx.config.evaluation import EvaluationConfig
-from verlx.config.loader import CONFIG_DIR, ConfigError, build, check_override_keys, to_container
+from verlx.config.loader import (
+    ConfigError,
+)
+from verlx.trainer.entrypoint import hydra_command
 
 logger = logging.getLogger("verlx")
 SHOWN_TEXT_CHARS = 1000
@@ -206,24 +206,7 @@ def run_eval(config: EvaluationConfig) -> dict:
     return payload
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="evaluation", version_base=None)
-def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        run_eval(build(EvaluationConfig, to_container(cfg)))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")], "evaluation", EvaluationConfig)
-        _hydra_main()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
+main = hydra_command("evaluation", EvaluationConfig, run_eval)
 
 if __name__ == "__main__":
     main()

@@ -13,22 +13,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import asdict
 
-import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from verlx.config.engine import ModelConfig
 from verlx.config.generation import GenerationConfig
-from verlx.config.loader import CONFIG_DIR, ConfigError, build, check_override_keys, to_container
+from verlx.config.loader import (
+    ConfigError,
+)
 from verlx.config.roles import ActorRolloutRefConfig
 from verlx.config.run import TrainerConfig
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
+from verlx.trainer.entrypoint import hydra_command
 
 logger = logging.getLogger("verlx")
 RESPONSES_COLUMN = "responses"
@@ -109,7 +109,11 @@ def worker_config(config: GenerationConfig) -> PPOConfig:
 # ---------------------------------------------------------------------- prompts
 def tokenize_prompts(table, config: GenerationConfig, tokenizer) -> list[list[int]]:
     """Token ids of every row's chat-templated prompt (one batched call), checked and fitted to prompt_length."""
-    from verlx.data.rl_dataset import PROMPT_TRUNCATIONS, prompt_problem, render_and_tokenize
+    from verlx.data.rl_dataset import (
+        PROMPT_TRUNCATIONS,
+        prompt_problem,
+        render_and_tokenize,
+    )
 
     d = config.data
     if d.prompt_key not in table.column_names:
@@ -211,7 +215,11 @@ def run_generation(config: GenerationConfig) -> str:
     import ray
 
     from verlx.rollout.base import resolve_engine_name
-    from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verlx.single_controller.ray import (
+        RayClassWithInitArgs,
+        RayResourcePool,
+        RayWorkerGroup,
+    )
     from verlx.trainer.main_ppo import resolve_device, start_ray
     from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from verlx.workers.tokenizer import load_tokenizer
@@ -251,24 +259,7 @@ def run_generation(config: GenerationConfig) -> str:
     return output
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="generation", version_base=None)
-def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        run_generation(build(GenerationConfig, to_container(cfg)))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")], "generation", GenerationConfig)
-        _hydra_main()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
+main = hydra_command("generation", GenerationConfig, run_generation)
 
 if __name__ == "__main__":
     main()

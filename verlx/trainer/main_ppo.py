@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
-import hydra
-from omegaconf import DictConfig
-
-from verlx.config.loader import CONFIG_DIR, ConfigError, build, check_override_keys, to_container
+from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
 from verlx.config.validation import validate
 from verlx.reward.managers import RewardFailure
 from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
+from verlx.trainer.entrypoint import hydra_command
 
 logger = logging.getLogger("verlx")
 
@@ -105,45 +102,7 @@ def run_ppo(config: PPOConfig) -> dict[str, float]:
         reward_fn.close()
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)
-def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        config = build(PPOConfig, to_container(cfg))
-        run_ppo(config)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except (WorkerGroupError, RewardFailure) as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-# Hydra's own flags that take the next argument as their value (e.g. --config-name ppo_megatron_trainer).
-_FLAGS_WITH_VALUE = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
-
-
-def override_args(argv: list[str]) -> list[str]:
-    """The key=value overrides of a command line, without Hydra's flags and their values."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in _FLAGS_WITH_VALUE:
-            skip = True
-        elif not arg.startswith("-"):
-            out.append(arg)
-    return out
-
-
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        check_override_keys(override_args(sys.argv[1:]))
-        _hydra_main()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
+main = hydra_command("ppo_trainer", PPOConfig, run_ppo, failures=(WorkerGroupError, RewardFailure))
 
 if __name__ == "__main__":
     main()
