@@ -117,20 +117,23 @@ def to_container(cfg) -> dict:
     return dict(cfg)
 
 
-def load_yaml(config_name: str = "ppo_trainer", overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR):
+def load_yaml(
+    config_name: str = "ppo_trainer", overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR, schema: type | None = None
+):
     """Compose a config the way the Hydra entry point does (same YAML, same override grammar)."""
     from hydra import compose, initialize_config_dir
 
-    check_override_keys(overrides, config_name)
+    check_override_keys(overrides, config_name, schema)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name=config_name, overrides=list(overrides))
 
 
-def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_trainer") -> None:
-    """Reject overrides of keys the schema lacks (with a did-you-mean) before Hydra's terser error."""
+def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_trainer", schema: type | None = None) -> None:
+    """Reject overrides of keys the schema (default PPOConfig) lacks, with a did-you-mean, before Hydra's terser error."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from verlx.config.schema import PPOConfig
+    if schema is None:
+        from verlx.config.schema import PPOConfig as schema
 
     parser = OverridesParser.create()
     problems = []
@@ -140,7 +143,7 @@ def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_traine
         key = override.key_or_group
         if key.startswith("hydra.") or key == "hydra":
             continue
-        problem = _unknown_key_problem(PPOConfig, key.split("."))
+        problem = _unknown_key_problem(schema, key.split("."))
         if problem:
             problems.append(problem)
     if problems:
