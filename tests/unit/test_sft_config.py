@@ -55,7 +55,7 @@ def test_yaml_defaults_equal_the_dataclass_defaults():
 
 def test_overrides_are_typed():
     cfg = load_sft_config(["optim.lr=1e-4", "data.train_batch_size=8", "trainer.total_training_steps=null",
-                           "data.val_files=null", "trainer.logger=console"])
+                           "data.val_files=null", "trainer.logger=console", "trainer.target_val_accuracy=null"])
     assert (cfg.optim.lr, cfg.data.train_batch_size, cfg.trainer.total_training_steps) == (1e-4, 8, None)
     assert cfg.data.val_files is None and cfg.trainer.loggers == ["console"]
 
@@ -99,6 +99,10 @@ def test_cross_key_checks_report_every_problem():
     assert "trainer.logger='wandb' is not one of ['console', 'file']" in message
     assert "trainer.device='gpu'" in message
     assert len(err.value.problems) == 6  # n_gpus_per_node=4 matches the 4 processes: no problem there
+    with pytest.raises(ConfigError, match=r"trainer.target_val_accuracy=0.15 needs validation during training"):
+        validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}, "data": {"val_files": None}}), 1)
+    validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}, "data": {"val_files": None},
+                                   "trainer": {"target_val_accuracy": None}}), 1)
     with pytest.raises(ConfigError, match=r"trainer.nnodes × trainer.n_gpus_per_node = 4 but the launcher started 2"):
         validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}, "trainer": {"n_gpus_per_node": 4}}), 2)
     validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}}), world_size=2)

@@ -62,9 +62,10 @@ class SFTTrainerConfig:
     project_name: str = "verlx_sft"
     experiment_name: str = "arithmetic"
     total_epochs: int = 1000
-    total_training_steps: int | None = 700
-    log_freq: int = 25
-    test_freq: int = -1
+    total_training_steps: int | None = 800
+    log_freq: int = 20
+    test_freq: int = 20
+    target_val_accuracy: float | None = 0.15
     logger: str | list[str] = field(default_factory=lambda: ["console", "file"])
     seed: int = 1
     device: str = "auto"
@@ -123,6 +124,11 @@ def validate_sft(cfg: SFTConfig, world_size: int) -> None:
         problems.append(f"trainer.total_epochs={t.total_epochs} must be positive when trainer.total_training_steps is null")
     if t.total_training_steps is not None and t.total_training_steps <= 0:
         problems.append(f"trainer.total_training_steps={t.total_training_steps} must be positive (or null to use epochs)")
+    if t.target_val_accuracy is not None and (not d.val_files or t.test_freq <= 0):
+        problems.append(
+            f"trainer.target_val_accuracy={t.target_val_accuracy} needs validation during training: set "
+            f"data.val_files and trainer.test_freq > 0, or trainer.target_val_accuracy=null"
+        )
     if not 0.0 <= o.lr_warmup_steps_ratio < 1.0:
         problems.append(f"optim.lr_warmup_steps_ratio={o.lr_warmup_steps_ratio} must be in [0, 1)")
     if len(o.betas) != 2:

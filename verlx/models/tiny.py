@@ -110,6 +110,7 @@ def build_config(spec: TinyModelSpec = TinyModelSpec()):
         vocab_size=len(vocab),
         tie_word_embeddings=True,
         use_sliding_window=False,
+        sliding_window=None,
         bos_token_id=vocab[ENDOFTEXT],
         eos_token_id=vocab[IM_END],
         pad_token_id=vocab[ENDOFTEXT],

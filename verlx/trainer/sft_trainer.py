@@ -49,6 +49,17 @@ def stop_token_ids(model_path: str, tokenizer, trust_remote_code: bool = False) 
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
+def checkpoint_dtype(model_path: str, trust_remote_code: bool = False) -> torch.dtype:
+    """The dtype the checkpoint was saved in (config `dtype`, formerly `torch_dtype`); float32 when it names none."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
 def resolve_device(name: str, local_rank: int) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
@@ -58,9 +69,26 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _busy_cores(window_s: float = 0.3) -> float | None:
+    """Cores kept busy by other processes right now (from /proc/stat over a short window); None off Linux."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return sum(values), values[3] + values[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(window_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    cores = os.cpu_count() or 1
+    return cores * (1.0 - (idle1 - idle0) / max(total1 - total0, 1))
+
+
 def cpu_threads_per_process() -> tuple[int, str]:
     """Threads for this process and why: OMP_NUM_THREADS when set, else this process's share of the cores
-    (torchrun starts LOCAL_WORLD_SIZE processes per node) less the cores other work keeps busy (1-minute load).
+    (torchrun starts LOCAL_WORLD_SIZE processes per node) less the cores other processes keep busy right now.
 
     OpenMP threads spin while they wait for each other, so more threads than free cores makes every op wait for a
     descheduled thread: on a busy 2-core machine two threads ran ~10x slower than one.
@@ -69,8 +97,10 @@ def cpu_threads_per_process() -> tuple[int, str]:
         return max(1, int(os.environ["OMP_NUM_THREADS"])), "OMP_NUM_THREADS"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     share = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, min(share, cores - int(load + 0.5))), f"{cores} cores, load {load:.1f}"
+    busy = _busy_cores()
+    if busy is None:
+        return share, f"{cores} cores"
+    return max(1, min(share, cores - int(busy + 0.5))), f"{cores} cores, {busy:.1f} busy"
 
 
 class EpochBatches:
@@ -144,6 +174,7 @@ class SFTTrainer:
         self.model_path = os.path.abspath(os.path.expanduser(m.partial_pretrain))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=m.trust_remote_code)
         self.eos_ids = stop_token_ids(self.model_path, self.tokenizer, m.trust_remote_code)
+        self.save_dtype = checkpoint_dtype(self.model_path, m.trust_remote_code)
         lm = AutoModelForCausalLM.from_pretrained(
             self.model_path,
             trust_remote_code=m.trust_remote_code,
@@ -287,10 +318,8 @@ class SFTTrainer:
 
         target = os.path.abspath(os.path.expanduser(self.cfg.trainer.default_local_dir))
         if self.rank == 0:
-            dtype = getattr(self.lm_config, "dtype", None) or getattr(self.lm_config, "torch_dtype", None)
-            dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
             model = AutoModelForCausalLM.from_config(
-                self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code, **_dtype_kwarg(dtype)
+                self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code, **_dtype_kwarg(self.save_dtype)
             )
             model.load_state_dict(full, strict=True)
             model.config.use_cache = True
@@ -318,6 +347,7 @@ class SFTTrainer:
         )
         start = interval_start = time.perf_counter()
         losses, norms, lrs, tokens, final = [], [], [], 0, {}
+        last_step = self.total_steps
         for step in range(1, self.total_steps + 1):
             self.model.train()
             global_batch = self.batches(step - 1)
@@ -326,13 +356,25 @@ class SFTTrainer:
             losses.append(loss)
             norms.append(grad_norm)
             tokens += int(self.train.lengths[global_batch].sum())
-            if step % t.log_freq == 0 or step == self.total_steps:
+            validate_now = (
+                self.val is not None and t.test_freq > 0 and step % t.test_freq == 0 and step != self.total_steps
+            )
+            if step % t.log_freq == 0 or step == self.total_steps or validate_now:
                 now = time.perf_counter()
                 final.update(self._flush(step, losses, norms, lrs, tokens, now - interval_start, start))
-                losses, norms, lrs, tokens, interval_start = [], [], [], 0, time.perf_counter()
-            if self.val is not None and t.test_freq > 0 and step % t.test_freq == 0 and step != self.total_steps:
+                losses, norms, lrs, tokens = [], [], [], 0
+            if validate_now:
                 metrics, _ = self.validate()
                 self.metrics.log(step, metrics)
+                if t.target_val_accuracy is not None and metrics["val/accuracy"] >= t.target_val_accuracy:
+                    self._print(
+                        f"validation accuracy {metrics['val/accuracy']:.3f} reached trainer.target_val_accuracy="
+                        f"{t.target_val_accuracy} at step {step}: stopping"
+                    )
+                    last_step = step
+                    break
+            if step % t.log_freq == 0 or validate_now:
+                interval_start = time.perf_counter()
         full = full_state_dict(self.model.lm)
         target = self.save(full)
         self._print(f"saved the fine-tuned model to {target}")
@@ -342,6 +384,7 @@ class SFTTrainer:
                 self._print(f"  {prompt!r} -> {response!r} (answer {truth})")
             final.update(metrics)
         final["timing_s/elapsed"] = time.perf_counter() - start
-        self.metrics.log(self.total_steps, final)
+        final["train/steps"] = last_step
+        self.metrics.log(last_step, final)
         self.metrics.close()
         return final
