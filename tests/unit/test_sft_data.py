@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from arithmetic_rows import write_arithmetic
+
 from verlx.data.sft_dataset import collate, read_parquet_rows, tokenize_sft
 from verlx.models.tiny import build_tokenizer
 from verlx.trainer.sft_eval import strict_answer_score
@@ -26,7 +26,7 @@ def tok():
 
 
 def _tokenize(rows, tok, **kwargs):
-    options = dict(prompt_key="prompt", response_key="extra_info.answer", end_of_response_id=IM_END, max_length=512)
+    options = {"prompt_key": "prompt", "response_key": "extra_info.answer", "end_of_response_id": IM_END, "max_length": 512}
     return tokenize_sft(rows, tok, **{**options, **kwargs})
 
 

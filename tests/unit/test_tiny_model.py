@@ -8,7 +8,13 @@ import os
 import pytest
 import torch
 
-from verlx.models.tiny import TinyModelSpec, build_model, build_tokenizer, main, save_tiny_model
+from verlx.models.tiny import (
+    TinyModelSpec,
+    build_model,
+    build_tokenizer,
+    main,
+    save_tiny_model,
+)
 
 
 @pytest.fixture(scope="module")

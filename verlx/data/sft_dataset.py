@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ TRUNCATIONS = ("error", "left", "right")
 class ParquetRows:
     """Rows of one or more parquet files, with enough provenance to name the file and row of a bad value."""
 
-    table: "object"  # pyarrow.Table
+    table: Any  # pyarrow.Table
     files: list[str]
     starts: list[int]  # first global row of each file
 

@@ -76,7 +76,14 @@ def build_tokenizer(model_max_length: int = 512):
     It is Qwen2's tokenizer pipeline (NFC, regex split, byte-level, BPE) with an empty merge list, so whichever class
     transformers picks to load it (PreTrainedTokenizerFast, Qwen2TokenizerFast, 5.x Qwen2Tokenizer) gives the same ids.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE(vocab=vocabulary(), merges=[], fuse_unk=False, byte_fallback=False))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from verlx.config.loader import build, load_yaml, to_container
 from verlx.config.sft import SFTConfig, validate_sft

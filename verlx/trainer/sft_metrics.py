@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from verlx.utils.registry import Registry
 
@@ -26,6 +27,7 @@ _CONSOLE_FORMATS = {
     "perf/tokens_per_s": ("tok/s", "{:,.0f}"),
     "val/accuracy": ("val_acc", "{:.3f}"),
     "val/num_samples": ("val_n", "{:.0f}"),
+    "perf/cpu_threads": ("threads", "{:.0f}"),
     "timing_s/elapsed": ("t", "{:.0f}s"),
 }
 

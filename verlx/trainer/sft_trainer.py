@@ -18,10 +18,17 @@ import torch
 import torch.distributed as dist
 
 from verlx.config.sft import SFTConfig
-from verlx.data.sft_dataset import TokenizedSFT, collate, read_parquet_rows, render_prompts, tokenize_sft
+from verlx.data.sft_dataset import (
+    TokenizedSFT,
+    collate,
+    read_parquet_rows,
+    render_prompts,
+    tokenize_sft,
+)
 from verlx.models.response_nll import ResponseNLL
 from verlx.trainer.sft_eval import greedy_accuracy
 from verlx.trainer.sft_metrics import MetricsLogger
+from verlx.utils.cpu_threads import CpuThreads
 from verlx.utils.lr_schedules import lr_multiplier
 
 
@@ -67,40 +74,6 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-def _busy_cores(window_s: float = 0.3) -> float | None:
-    """Cores kept busy by other processes right now (from /proc/stat over a short window); None off Linux."""
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        return sum(values), values[3] + values[4]  # total, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(window_s)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    cores = os.cpu_count() or 1
-    return cores * (1.0 - (idle1 - idle0) / max(total1 - total0, 1))
-
-
-def cpu_threads_per_process() -> tuple[int, str]:
-    """Threads for this process and why: OMP_NUM_THREADS when set, else this process's share of the cores
-    (torchrun starts LOCAL_WORLD_SIZE processes per node) less the cores other processes keep busy right now.
-
-    OpenMP threads spin while they wait for each other, so more threads than free cores makes every op wait for a
-    descheduled thread: on a busy 2-core machine two threads ran ~10x slower than one.
-    """
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        return max(1, int(os.environ["OMP_NUM_THREADS"])), "OMP_NUM_THREADS"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    share = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    busy = _busy_cores()
-    if busy is None:
-        return share, f"{cores} cores"
-    return max(1, min(share, cores - int(busy + 0.5))), f"{cores} cores, {busy:.1f} busy"
 
 
 class EpochBatches:
@@ -164,11 +137,7 @@ class SFTTrainer:
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = resolve_device(cfg.trainer.device, local_rank)
-        self.threads_note = ""
-        if self.device.type == "cpu":
-            threads, why = cpu_threads_per_process()
-            torch.set_num_threads(threads)
-            self.threads_note = f", {threads} thread(s) each ({why})"
+        self.cpu_threads = CpuThreads() if self.device.type == "cpu" else None
         torch.manual_seed(cfg.trainer.seed)
         m, d = cfg.model, cfg.data
         self.model_path = os.path.abspath(os.path.expanduser(m.partial_pretrain))
@@ -280,6 +249,9 @@ class SFTTrainer:
             "perf/tokens_per_s": tokens / max(seconds, 1e-9),
             "timing_s/elapsed": time.perf_counter() - start,
         }
+        if self.cpu_threads is not None:
+            metrics["perf/cpu_threads"] = self.cpu_threads.threads
+            self.cpu_threads.adjust()
         self.metrics.log(step, metrics)
         return metrics
 
@@ -343,7 +315,7 @@ class SFTTrainer:
             f"SFT: {self.num_params:,} parameters from {self.model_path} | {len(self.train)} rows, "
             f"{self.batches.steps_per_epoch} steps/epoch, {self.total_steps} steps of {self.cfg.data.train_batch_size} "
             f"| {self.world_size} process(es) on {self.device.type}"
-            + self.threads_note
+            + (f", {self.cpu_threads.describe()}" if self.cpu_threads else "")
         )
         start = interval_start = time.perf_counter()
         losses, norms, lrs, tokens, final = [], [], [], 0, {}
