@@ -1,0 +1,59 @@
+"""SFT entry point: `python -m verlx.trainer.main_sft key=value ...` (Hydra override grammar, sft_trainer.yaml).
+
+Runs in this process alone (world size 1), or as one of `torchrun --nproc_per_node=N` processes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from verlx.config.loader import build, load_yaml, to_container
+from verlx.config.sft import SFTConfig, validate_sft
+
+
+def load_sft_config(overrides: Sequence[str] = ()) -> SFTConfig:
+    """sft_trainer.yaml + overrides → SFTConfig; unknown keys fail with a did-you-mean."""
+    return build(SFTConfig, to_container(load_yaml("sft_trainer", overrides, schema=SFTConfig)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _single_process_env() -> None:
+    """Without a launcher this process is the whole world."""
+    if "RANK" in os.environ:
+        return
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def run_sft(cfg: SFTConfig) -> dict[str, float]:
+    """Train, save, validate; returns the final metrics (the same on every rank)."""
+    import torch.distributed as dist
+
+    from verlx.trainer.sft_trainer import SFTTrainer
+    from verlx.utils.distributed import init_distributed
+
+    _single_process_env()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    validate_sft(cfg, int(os.environ["WORLD_SIZE"]))
+    init_distributed()
+    try:
+        trainer = SFTTrainer(cfg, dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        return trainer.fit()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_sft(load_sft_config(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+"""Supervised fine-tuning on FSDP2: one process per device, each a data-parallel shard of every global batch.
+
+The loss is the mean NLL of all response tokens of the global batch: each micro-batch contributes its summed NLL
+divided by the batch's response-token count (known on the host from the data, so no collective is needed), and
+FSDP's gradient averaging is undone by the world size. One process and N processes therefore follow the same
+loss curve for the same global batch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from verlx.config.sft import SFTConfig
+from verlx.data.sft_dataset import (
+    TokenizedSFT,
+    collate,
+    read_parquet_rows,
+    render_prompts,
+    tokenize_sft,
+)
+from verlx.models.response_nll import ResponseNLL
+from verlx.trainer.sft_eval import greedy_accuracy
+from verlx.trainer.sft_metrics import MetricsLogger
+from verlx.utils.cpu_threads import CpuThreads
+from verlx.utils.lr_schedules import lr_multiplier
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict:
+    """transformers renamed `torch_dtype` to `dtype` in 4.56; pass whichever this version reads."""
+    import transformers
+    from packaging.version import Version
+
+    return {"dtype": dtype} if Version(transformers.__version__) >= Version("4.56") else {"torch_dtype": dtype}
+
+
+def stop_token_ids(model_path: str, tokenizer, trust_remote_code: bool = False) -> list[int]:
+    """generation_config.eos_token_id when the checkpoint has one (first = end of the assistant turn), else the
+    tokenizer's eos."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(f"{model_path}: neither generation_config.json nor the tokenizer names an eos token")
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def checkpoint_dtype(model_path: str, trust_remote_code: bool = False) -> torch.dtype:
+    """The dtype the checkpoint was saved in (config `dtype`, formerly `torch_dtype`); float32 when it names none."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def resolve_device(name: str, local_rank: int) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+class EpochBatches:
+    """Global batch `step` of a seeded per-epoch permutation (incomplete tail batches dropped)."""
+
+    def __init__(self, num_rows: int, batch_size: int, seed: int, shuffle: bool):
+        if num_rows < batch_size:
+            raise ValueError(
+                f"the training data has {num_rows} rows, fewer than data.train_batch_size={batch_size}; "
+                f"lower the batch size or add data"
+            )
+        self.num_rows, self.batch_size, self.seed, self.shuffle = num_rows, batch_size, seed, shuffle
+        self.steps_per_epoch = num_rows // batch_size
+        self._epoch, self._order = -1, np.arange(num_rows)
+
+    def __call__(self, step: int) -> np.ndarray:
+        epoch, within = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch and self.shuffle:
+            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+        self._epoch = epoch
+        return self._order[within * self.batch_size : (within + 1) * self.batch_size]
+
+
+def shard_model(model: ResponseNLL, device: torch.device, world_size: int) -> None:
+    """FSDP2: one group per decoder layer plus the root (embeddings, final norm, lm_head); bf16 compute on GPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world_size,))
+    kwargs = {"mesh": mesh}
+    if device.type == "cuda":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.lm.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded copies of every tensor (a collective: all ranks call it)."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in module.state_dict().items()}
+
+
+def write_atomically(directory: str, write) -> None:
+    """write(tmp_dir), then rename it to `directory` (an existing one is moved aside first, then removed)."""
+    directory = os.path.abspath(os.path.expanduser(directory))
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    tmp, old = f"{directory}.tmp-{os.getpid()}", f"{directory}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    if os.path.exists(directory):
+        os.rename(directory, old)
+    os.rename(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class SFTTrainer:
+    def __init__(self, cfg: SFTConfig, rank: int, world_size: int, local_rank: int = 0):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device = resolve_device(cfg.trainer.device, local_rank)
+        self.cpu_threads = CpuThreads() if self.device.type == "cpu" else None
+        torch.manual_seed(cfg.trainer.seed)
+        m, d = cfg.model, cfg.data
+        self.model_path = os.path.abspath(os.path.expanduser(m.partial_pretrain))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=m.trust_remote_code)
+        self.eos_ids = stop_token_ids(self.model_path, self.tokenizer, m.trust_remote_code)
+        self.save_dtype = checkpoint_dtype(self.model_path, m.trust_remote_code)
+        lm = AutoModelForCausalLM.from_pretrained(
+            self.model_path,
+            trust_remote_code=m.trust_remote_code,
+            attn_implementation=m.attn_implementation,
+            **_dtype_kwarg(torch.float32),
+        )
+        if m.enable_gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        lm.config.use_cache = False
+        self.lm_config = lm.config
+        self.num_params = sum(p.numel() for p in lm.parameters())
+        self.model = ResponseNLL(lm)
+        shard_model(self.model, self.device, world_size)
+
+        rows = read_parquet_rows(d.train_files, d.train_max_samples, "data.train_files")
+        self.train = tokenize_sft(
+            rows,
+            self.tokenizer,
+            prompt_key=d.prompt_key,
+            response_key=d.response_key,
+            end_of_response_id=self.eos_ids[0],
+            max_length=d.max_length,
+            truncation=d.truncation,
+            chat_kwargs=d.apply_chat_template_kwargs,
+        )
+        self.batches = EpochBatches(len(self.train), d.train_batch_size, cfg.trainer.seed, d.shuffle)
+        t = cfg.trainer
+        self.total_steps = t.total_training_steps or t.total_epochs * self.batches.steps_per_epoch
+        self.val = self._load_val() if d.val_files else None
+
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        warmup = int(o.lr_warmup_steps_ratio * self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_multiplier(o.lr_scheduler, self.total_steps, warmup, o.min_lr_ratio)
+        )
+        self.metrics = MetricsLogger(t.loggers, os.path.expanduser(t.output_dir), enabled=rank == 0)
+
+    def _load_val(self) -> dict:
+        d = self.cfg.data
+        rows = read_parquet_rows(d.val_files, d.val_max_samples, "data.val_files")
+        prompts = render_prompts(rows, self.tokenizer, d.prompt_key, d.apply_chat_template_kwargs)
+        return {
+            "prompt_ids": self.tokenizer(prompts, add_special_tokens=False)["input_ids"],
+            "ground_truths": [str(v) for v in rows.column(d.ground_truth_key, "data.ground_truth_key")],
+            "data_sources": (
+                [str(v) for v in rows.column(d.reward_fn_key, "data.reward_fn_key")]
+                if d.reward_fn_key in rows.table.column_names
+                else ["unknown"] * len(rows)
+            ),
+        }
+
+    def _print(self, message: str) -> None:
+        if self.rank == 0:
+            print(message, flush=True)
+
+    def _local_rows(self, global_batch: np.ndarray) -> np.ndarray:
+        per_rank = len(global_batch) // self.world_size
+        return global_batch[self.rank * per_rank : (self.rank + 1) * per_rank]
+
+    def train_step(self, global_batch: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns this rank's share of the batch loss and the gradient norm (device tensors)."""
+        data: TokenizedSFT = self.train
+        response_tokens = max(int(data.response_lengths[global_batch].sum()), 1)
+        scale = self.world_size / response_tokens
+        local = self._local_rows(global_batch)
+        micro = self.cfg.data.micro_batch_size_per_gpu
+        loss = torch.zeros((), device=self.device)
+        for start in range(0, len(local), micro):
+            nll = self.model(**collate(data, local[start : start + micro], self.device))
+            (nll * scale).backward()
+            loss += nll.detach()
+        clip = self.cfg.optim.clip_grad
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), clip if clip and clip > 0 else float("inf")
+        )
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss / response_tokens, grad_norm.detach()
+
+    def _flush(self, step: int, losses: list, norms: list, lrs: list, tokens: int, seconds: float, start: float) -> dict:
+        """Sum the ranks' loss shares of the interval's steps (one collective), check them, log their mean."""
+        loss = torch.stack(losses)
+        if self.world_size > 1:
+            dist.all_reduce(loss)
+        loss_values, norm_values = loss.tolist(), torch.stack(norms).tolist()
+        if not all(math.isfinite(v) for v in loss_values + norm_values):
+            raise FloatingPointError(
+                f"non-finite loss or gradient norm by step {step} (loss {loss_values}, grad_norm {norm_values}); "
+                f"lower optim.lr or set optim.clip_grad"
+            )
+        metrics = {
+            "train/loss": float(np.mean(loss_values)),
+            "train/loss_last": loss_values[-1],
+            "train/grad_norm": float(np.mean(norm_values)),
+            "train/lr": lrs[-1],
+            "train/epoch": step / self.batches.steps_per_epoch,
+            "perf/tokens_per_s": tokens / max(seconds, 1e-9),
+            "timing_s/elapsed": time.perf_counter() - start,
+        }
+        if self.cpu_threads is not None:
+            metrics["perf/cpu_threads"] = self.cpu_threads.threads
+            self.cpu_threads.adjust()
+        self.metrics.log(step, metrics)
+        return metrics
+
+    def validate(self, full: dict[str, torch.Tensor] | None = None):
+        """Greedy accuracy on the validation rows with an unsharded copy of the current weights."""
+        from transformers import AutoModelForCausalLM
+
+        full = full if full is not None else full_state_dict(self.model.lm)
+        eval_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        with torch.device(self.device):
+            model = AutoModelForCausalLM.from_config(
+                self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code, **_dtype_kwarg(eval_dtype)
+            )
+        model.load_state_dict(full, strict=True)
+        model.config.use_cache = True
+        d = self.cfg.data
+        metrics, examples = greedy_accuracy(
+            model,
+            self.tokenizer,
+            self.val["prompt_ids"],
+            self.val["ground_truths"],
+            self.val["data_sources"],
+            eos_ids=self.eos_ids,
+            pad_id=self.train.pad_id,
+            batch_size=d.val_batch_size,
+            max_new_tokens=d.val_max_new_tokens,
+            device=self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        return metrics, examples
+
+    def save(self, full: dict[str, torch.Tensor]) -> str:
+        """save_pretrained (model in the checkpoint's dtype, tokenizer, generation config) into default_local_dir."""
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        target = os.path.abspath(os.path.expanduser(self.cfg.trainer.default_local_dir))
+        if self.rank == 0:
+            model = AutoModelForCausalLM.from_config(
+                self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code, **_dtype_kwarg(self.save_dtype)
+            )
+            model.load_state_dict(full, strict=True)
+            model.config.use_cache = True
+            try:
+                model.generation_config = GenerationConfig.from_pretrained(self.model_path)
+            except OSError:
+                pass
+
+            def write(tmp: str) -> None:
+                model.save_pretrained(tmp, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+
+            write_atomically(target, write)
+        if self.world_size > 1:
+            dist.barrier()
+        return target
+
+    def fit(self) -> dict[str, float]:
+        t = self.cfg.trainer
+        self._print(
+            f"SFT: {self.num_params:,} parameters from {self.model_path} | {len(self.train)} rows, "
+            f"{self.batches.steps_per_epoch} steps/epoch, {self.total_steps} steps of {self.cfg.data.train_batch_size} "
+            f"| {self.world_size} process(es) on {self.device.type}"
+            + (f", {self.cpu_threads.describe()}" if self.cpu_threads else "")
+        )
+        start = interval_start = time.perf_counter()
+        losses, norms, lrs, tokens, final = [], [], [], 0, {}
+        last_step = self.total_steps
+        for step in range(1, self.total_steps + 1):
+            self.model.train()
+            global_batch = self.batches(step - 1)
+            lrs.append(self.scheduler.get_last_lr()[0])
+            loss, grad_norm = self.train_step(global_batch)
+            losses.append(loss)
+            norms.append(grad_norm)
+            tokens += int(self.train.lengths[global_batch].sum())
+            validate_now = (
+                self.val is not None and t.test_freq > 0 and step % t.test_freq == 0 and step != self.total_steps
+            )
+            if step % t.log_freq == 0 or step == self.total_steps or validate_now:
+                now = time.perf_counter()
+                final.update(self._flush(step, losses, norms, lrs, tokens, now - interval_start, start))
+                losses, norms, lrs, tokens = [], [], [], 0
+            if validate_now:
+                metrics, _ = self.validate()
+                self.metrics.log(step, metrics)
+                if t.target_val_accuracy is not None and metrics["val/accuracy"] >= t.target_val_accuracy:
+                    self._print(
+                        f"validation accuracy {metrics['val/accuracy']:.3f} reached trainer.target_val_accuracy="
+                        f"{t.target_val_accuracy} at step {step}: stopping"
+                    )
+                    last_step = step
+                    break
+            if step % t.log_freq == 0 or validate_now:
+                interval_start = time.perf_counter()
+        full = full_state_dict(self.model.lm)
+        target = self.save(full)
+        self._print(f"saved the fine-tuned model to {target}")
+        if self.val is not None:
+            metrics, examples = self.validate(full)
+            for prompt, response, truth in examples:
+                self._print(f"  {prompt!r} -> {response!r} (answer {truth})")
+            final.update(metrics)
+        final["timing_s/elapsed"] = time.perf_counter() - start
+        final["train/steps"] = last_step
+        self.metrics.log(last_step, final)
+        self.metrics.close()
+        return final
