@@ -1,8 +1,9 @@
 """`python -m verlx.quickstart`: the embedded default, end to end on a laptop-class CPU.
 
 1. build a tiny Qwen2-architecture model and its tokenizer (save_pretrained),
-2. write the synthetic arithmetic set (GSM8K schema, held-out test problems),
-3. warm-start the model with a short SFT run, so that it is sometimes right,
+2. write the synthetic arithmetic set (GSM8K schema): train, a validation split for SFT and a test split that no
+   training decision ever sees,
+3. warm-start the model with a short SFT run that stops once it is sometimes right (on the validation split),
 4. train it with GRPO through main_ppo (2 CPU workers, the native rollout engine), validating on the held-out
    problems before training and along the way,
 5. print validation accuracy before and after, and draw the training curves.
@@ -57,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.exists(os.path.join(model, "config.json")):
         run([PYTHON, "-m", "verlx.models.tiny", "--output_dir", model], env)
     if not os.path.exists(os.path.join(data, "test.parquet")):
-        run([PYTHON, os.path.join(_examples(), "arithmetic.py"), "--local_save_dir", data], env)
+        run([PYTHON, os.path.join(_examples(), "arithmetic.py"), "--local_save_dir", data, "--val_size", "250"], env)
     if not os.path.exists(os.path.join(sft, "config.json")):
         run([PYTHON, "-m", "verlx.trainer.main_sft", f"data.train_files={data}/train.parquet",
-             f"data.val_files={data}/test.parquet", f"model.partial_pretrain={model}",
+             f"data.val_files={data}/val.parquet", f"model.partial_pretrain={model}",
              f"trainer.default_local_dir={sft}", f"trainer.output_dir={out}/sft_logs"], env)
     metrics = os.path.join(rl, "metrics.jsonl")
     if os.path.exists(metrics):

@@ -58,12 +58,18 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     parser.add_argument("--max_operand", type=int, default=99, help="operands are 0..max_operand")
     parser.add_argument("--test_size", type=int, default=500)
     parser.add_argument("--train_size", type=int, default=None, help="default: every pair not in the test set")
+    parser.add_argument("--val_size", type=int, default=0,
+                        help="also write val.parquet: held-out pairs disjoint from train and test (e.g. for SFT "
+                             "early stopping, so the test set stays unseen by every training decision)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    train, test = split_pairs(args.max_operand, args.test_size, args.train_size, args.seed)
+    train, test = split_pairs(args.max_operand, args.test_size + args.val_size, args.train_size, args.seed)
+    splits = [("train", train), ("test", test[: args.test_size])]
+    if args.val_size:
+        splits.append(("val", test[args.test_size:]))
     written = {}
-    for split, pairs in (("train", train), ("test", test)):
+    for split, pairs in splits:
         rows = [to_row(a, b, split, i) for i, (a, b) in enumerate(pairs)]
         written[split] = write_parquet_atomic(
             rows, os.path.join(os.path.expanduser(args.local_save_dir), f"{split}.parquet")

@@ -13,7 +13,7 @@ from arithmetic_rows import write_arithmetic
 
 from verlx.data.sft_dataset import collate, read_parquet_rows, tokenize_sft
 from verlx.models.tiny import build_tokenizer
-from verlx.trainer.sft_eval import strict_answer_score
+from verlx.trainer.sft_eval import score_response
 from verlx.trainer.sft_trainer import EpochBatches
 from verlx.utils.lr_schedules import lr_multiplier
 
@@ -102,8 +102,8 @@ def test_epoch_batches_are_seeded_permutations():
         ("#### 4.6.1", "46", 0.0),
     ],
 )
-def test_strict_answer_score(response, truth, score):
-    assert strict_answer_score(response, truth) == score
+def test_sft_validation_uses_the_strict_gsm8k_rule(response, truth, score):
+    assert score_response("arithmetic", response, truth) == score
 
 
 def test_lr_multipliers():

@@ -5,33 +5,16 @@ Each rank scores its own share of the rows (r, r + world, ...); the counts are s
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import torch
 import torch.distributed as dist
 
-_STRICT_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
-
-
-def strict_answer_score(response: str, ground_truth: str) -> float:
-    """1.0 when the last "#### <number>" in the response equals the ground truth as a number, else 0.0.
-
-    The GSM8K strict rule (commas dropped); the local stand-in until verlx.reward's scores are wired in.
-    """
-    matches = _STRICT_ANSWER.findall(response)
-    if not matches:
-        return 0.0
-    answer = matches[-1].replace(",", "").rstrip(".")
-    try:
-        return float(float(answer) == float(str(ground_truth).replace(",", "")))
-    except ValueError:
-        return 0.0
-
-
 def score_response(data_source: str, response: str, ground_truth: str) -> float:
-    """The one place validation scores a response (arithmetic and GSM8K share the strict rule)."""
-    return strict_answer_score(response, ground_truth)
+    """The one place validation scores a response: the reward function training uses for that data source."""
+    from verlx.reward.scores import default_compute_score
+
+    score = default_compute_score(data_source, response, ground_truth)
+    return float(score["score"] if isinstance(score, dict) else score)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
