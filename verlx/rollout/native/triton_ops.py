@@ -6,6 +6,8 @@
   query heads of a KV head computed as one tile so K/V are read once per KV head; split over the key range
   when the batch is too small to fill the GPU, with a combine kernel.
 * swiglu: silu(gate) * up in one pass.
+* rms_norm: one program per row (torch's fused layer-norm kernel takes ~3 us a launch at decode sizes, and a
+  step has 2 per layer + 1); HF's order: float32 statistics, normalised value rounded, then times the weight.
 Arithmetic is float32 inside the kernels with one rounding on store (HF rounds after every op in bf16), so
 results agree with the torch backend to bf16 rounding, not bit for bit.
 """
@@ -139,8 +141,19 @@ def _swiglu_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, INTER, BLOCK: tl
     tl.store(out_ptr + row * stride_out + col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    normed = (x * tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)).to(out_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, normed * w, mask=mask)
+
+
 class TritonDecodeOps:
-    """The decode-layer pieces as three or four kernel launches."""
+    """The decode-layer pieces as three or four kernel launches, and RMSNorm as one."""
 
     reads_exact_lengths = True
 
@@ -205,6 +218,13 @@ class TritonDecodeOps:
                                                           BLOCK=block)
         return out
 
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rows, n = x.shape
+        out = torch.empty_like(x)
+        _rms_norm_kernel[(rows,)](x, weight, out, x.stride(0), out.stride(0), n, eps, BLOCK=triton.next_power_of_2(n))
+        return out
+
 
 def self_test(model, cache) -> str | None:
     """One decode layer through both backends on random values in slots 0..3 of the (still empty) cache:
@@ -238,4 +258,9 @@ def self_test(model, cache) -> str | None:
     err = (triton_ops.swiglu(gate_up).float() - torch_ops.swiglu(gate_up).float()).abs().max().item()
     if not err <= 0.03 * max(1.0, torch_ops.swiglu(gate_up).float().abs().max().item()):
         return f"swiglu differs by {err:.3g}"
+    h = torch.randn(b, spec.hidden_size, generator=gen, device=device).to(dtype)
+    expected = torch_ops.rms_norm(h, lw["in_norm"], spec.rms_norm_eps).float()
+    err = (triton_ops.rms_norm(h, lw["in_norm"], spec.rms_norm_eps).float() - expected).abs().max().item()
+    if not err <= 0.03 * max(1.0, expected.abs().max().item()):
+        return f"rms_norm differs by {err:.3g}"
     return None

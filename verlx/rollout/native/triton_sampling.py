@@ -19,7 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from verlx.rollout.native.sampling import GROUP, GROUP_STREAM, LOG2E, SamplingPlan, sample_tokens
+from verlx.rollout.native.sampling import (
+    GROUP,
+    GROUP_STREAM,
+    LOG2E,
+    SamplingPlan,
+    sample_tokens,
+)
 
 MAX_RUN = 8  # groups per statistics program at most (a 152k vocabulary: ~19 programs per row)
 PROGRAMS_PER_SM = 8  # small batches use shorter runs until about this many programs per SM
