@@ -160,14 +160,15 @@ def _grouped_gumbel_argmax(t: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """A draw from softmax over base-2 scores t [b, V] (-inf: never) in two Gumbel-max stages: a group of
     GROUP ids by its log2-mass (noise from the keys' group stream), then an id inside it. Lowest index on ties."""
     rows, vocab = t.shape
-    groups = -(-vocab // GROUP)
-    padded = F.pad(t, (0, groups * GROUP - vocab), value=float("-inf")).view(rows, groups, GROUP)
+    width = min(GROUP, vocab)  # a vocabulary smaller than a group is one group, without padding
+    groups = -(-vocab // width)
+    padded = F.pad(t, (0, groups * width - vocab), value=float("-inf")).view(rows, groups, width)
     top = padded.amax(-1)
     shift = torch.where(top == float("-inf"), torch.zeros_like(top), top)  # empty group: mass 0, not NaN
     mass = top + torch.log2(torch.exp2(padded - shift[..., None]).sum(-1))
     group_ids = torch.arange(groups, device=t.device)
     group = (mass + gumbel_noise(hash32(keys ^ GROUP_STREAM), group_ids)).argmax(-1)
-    cols = group[:, None] * GROUP + torch.arange(GROUP, device=t.device)[None, :]
+    cols = group[:, None] * width + torch.arange(width, device=t.device)[None, :]
     inside = padded[torch.arange(rows, device=t.device), group] + gumbel_noise(keys, cols)
     return cols.gather(1, inside.argmax(-1, keepdim=True)).squeeze(1)
 

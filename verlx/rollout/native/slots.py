@@ -83,13 +83,16 @@ class SlotState:
 
     # ------------------------------------------------------------------ one decode step (graph body)
     def step(self, model: NativeModel, cache: KVCache, batch: int, kv_len: int, plan: SamplingPlan) -> None:
-        stop_ids = self.stop_ids(plan)
-        tokens, pos = self.tokens[:batch], self.pos[:batch]
-        gen_len, done = self.gen_len[:batch], self.done[:batch]
-        logits = model.decode(tokens, pos, cache, kv_len)
+        self.advance(model.decode(self.tokens[:batch], self.pos[:batch], cache, kv_len), plan, batch)
+
+    def advance(self, logits: torch.Tensor, plan: SamplingPlan, batch: int) -> None:
+        """Sample slots 0..batch-1 from logits [batch, V], record token and log-prob, move active slots on."""
         if self.sampler.fuses_step(plan):
             self.sampler.step(self, logits, plan, batch)
             return
+        stop_ids = self.stop_ids(plan)
+        tokens, pos = self.tokens[:batch], self.pos[:batch]
+        gen_len, done = self.gen_len[:batch], self.done[:batch]
         new_tokens, logprobs = self.sampler.sample(logits, plan, stop_ids, self.seeds[:batch], gen_len)
         active = ~done
         column = torch.where(done, torch.full_like(gen_len, self.response_len), gen_len)[:, None]
