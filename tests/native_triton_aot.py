@@ -56,10 +56,10 @@ def _variants():
     finish = dict(logits_ptr=bf16, seeds_ptr="*i64", steps_ptr="*i64", stop_ptr="*i64", stats_ptr="*fp32",
                   token_ptr="*i64", logprob_ptr="*fp32", done_ptr="*i1", pos_ptr="*i64", out_tokens_ptr="*i64",
                   out_logprobs_ptr="*fp32", scale2="fp32", inv_temperature="fp32")
-    for greedy, blocked, stopping, record in ((False, 0, 0, True), (False, 0, 1, True), (True, 2, 2, True),
-                                              (False, 1, 0, False)):
+    for greedy, blocked, stopping, record, pad in ((False, 0, 0, True, 256), (False, 0, 1, True, 256),
+                                                   (True, 2, 2, True, 256), (False, 1, 0, False, 1)):
         yield "finish", smp._finish_kernel, finish, dict(GREEDY=greedy, NUM_BLOCKED=blocked, NUM_STOPPING=stopping,
-                                                         RECORD=record, GROUPS_PAD=256, GROUP=1024)
+                                                         RECORD=record, GROUPS_PAD=pad, GROUP=1024)
 
 
 def _compile_all() -> list[str]:

@@ -110,7 +110,7 @@ class NativeEngine(RolloutEngine):
         backend = select_backend(self.options.decode_backend, self.device, self.dtype)
         self.model = NativeModel(self.spec, self.weights, cos, sin, backend)
         self.runner = DecodeRunner(self._decode_step, self.device, use_graphs=not cfg.enforce_eager)
-        self.sampler = build_sampler(self.options.sampler, self.device)
+        self.sampler = build_sampler(self.options.sampler, self.device, self.spec.vocab_size)
         self.cache: KVCache | None = None
         self.state: SlotState | None = None
         self._weights_valid = True

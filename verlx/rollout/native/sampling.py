@@ -257,8 +257,9 @@ def triton_sampler_usable(device: torch.device) -> str | None:
     return None
 
 
-def build_sampler(name: str, device: torch.device):
-    """`auto` -> triton where usable and self-tested, else torch; an explicit `triton` that fails is an error."""
+def build_sampler(name: str, device: torch.device, vocab: int):
+    """`auto` -> triton where usable and self-tested (on `vocab`-wide logits), else torch; an explicit `triton`
+    that fails is an error."""
     if name != "auto":
         SAMPLERS.get(name)
     wanted = name if name != "auto" else ("triton" if triton_sampler_usable(device) is None else "torch")
@@ -269,7 +270,7 @@ def build_sampler(name: str, device: torch.device):
         try:
             from verlx.rollout.native.triton_sampling import self_test
 
-            why = self_test(device)
+            why = self_test(device, vocab)
         except Exception as err:  # compile errors of a new triton / GPU
             why = f"{type(err).__name__}: {err}"
     if why is None:

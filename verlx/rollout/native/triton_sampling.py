@@ -58,7 +58,9 @@ def _is_blocked(cols, stop_ptr, blocked, NUM_BLOCKED: tl.constexpr):
     return hit & blocked
 
 
-@triton.jit
+# Scalars that change with the batch or the plan are not specialised on (value 1, divisibility by 16), so the
+# variants the self-test compiles at construction are the ones generate launches.
+@triton.jit(do_not_specialize=["run", "min_new_tokens"])
 def _group_stats_kernel(
     logits_ptr, steps_ptr, stop_ptr, stats_ptr,
     stride_row, vocab, groups, run, scale2, min_new_tokens,
@@ -94,7 +96,8 @@ def _group_stats_kernel(
         tl.store(stats_row + 3 * g + 2, pick)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["min_new_tokens", "max_new_tokens", "response_len", "stride_out_tokens",
+                               "stride_out_logprobs"])
 def _finish_kernel(
     logits_ptr, seeds_ptr, steps_ptr, stop_ptr, stats_ptr, token_ptr, logprob_ptr,
     done_ptr, pos_ptr, out_tokens_ptr, out_logprobs_ptr,
@@ -226,24 +229,40 @@ class TritonSampler:
         )
 
 
-def self_test(device: torch.device) -> str | None:
-    """The fused kernels against sample_tokens on random logits (greedy, T=1, T=0.7 with blocked stop tokens):
-    None if tokens agree and log-probs agree to float32 rounding, else what differed."""
+def self_test(device: torch.device, vocab: int) -> str | None:
+    """The fused kernels against the torch sampler on random logits of the model's vocabulary size (so the
+    kernel variants generate needs are compiled now, not inside the first timed call): greedy, T = 1, and
+    T = 0.7 with blocked stop ids, each as `sample` and as a fused decode step. None if tokens and slot
+    buffers agree and log-probs agree to float32 rounding, else what differed."""
+    from verlx.rollout.native.slots import SlotState
+
+    rows = 6
     gen = torch.Generator(device=device).manual_seed(0)
-    rows, vocab = 6, 3000
     logits = (torch.randn(rows, vocab, generator=gen, device=device) * 3).to(torch.bfloat16)
     seeds = torch.arange(rows, device=device, dtype=torch.long) * 7919 + 11
     steps = torch.arange(rows, device=device, dtype=torch.long)
     stop_ids = torch.unique(logits.float().argmax(-1)[:2])
     sampler = TritonSampler(device)
-    for greedy, temperature, min_new in ((True, 1.0, 0), (False, 1.0, 0), (False, 0.7, 3)):
+    for greedy, temperature, min_new, stops in ((True, 1.0, 0, ()), (False, 1.0, 0, ()),
+                                                 (False, 0.7, 3, tuple(stop_ids.tolist()))):
         plan = SamplingPlan(greedy=greedy, temperature=temperature, top_k=0, top_p=1.0, min_new_tokens=min_new,
-                            max_new_tokens=8, ignore_eos=False, stop_token_ids=tuple(stop_ids.tolist()))
-        want_tokens, want_lp = sample_tokens(logits, plan, stop_ids, seeds, steps)
-        tokens, lp = sampler.sample(logits, plan, stop_ids, seeds, steps)
+                            max_new_tokens=8, ignore_eos=False, stop_token_ids=stops)
+        stop = stop_ids if stops else None
+        want_tokens, want_lp = sample_tokens(logits, plan, stop, seeds, steps)
+        tokens, lp = sampler.sample(logits, plan, stop, seeds, steps)
+        what = f"greedy={greedy}, T={temperature}, stop ids {list(stops)}"
         if not torch.equal(tokens, want_tokens):
-            return f"tokens differ (greedy={greedy}, T={temperature}): {tokens.tolist()} vs {want_tokens.tolist()}"
+            return f"tokens differ ({what}): {tokens.tolist()} vs {want_tokens.tolist()}"
         err = (lp - want_lp).abs().max().item()
         if not err <= 1e-4:
-            return f"log-probs differ by {err:.3g} (greedy={greedy}, T={temperature})"
+            return f"log-probs differ by {err:.3g} ({what})"
+        states = [SlotState(rows, 8, 0, device, s) for s in (None, sampler)]
+        for state in states:
+            state.seeds.copy_(seeds)
+            state.gen_len.copy_(steps)
+            state.done.fill_(False)
+            state.advance(logits, plan, rows)
+        for name in ("tokens", "pos", "gen_len", "done", "out_tokens"):
+            if not torch.equal(getattr(states[0], name), getattr(states[1], name)):
+                return f"fused decode step leaves {name} different ({what})"
     return None
