@@ -40,7 +40,7 @@ def _variants():
     rope = dict(qkv_ptr=bf16, q_out_ptr=bf16, k_cache_ptr=bf16, v_cache_ptr=bf16, cos_ptr=bf16, sin_ptr=bf16,
                 pos_ptr="*i64", norm_ptr=bf16, eps="fp32")
     for qk_norm in (False, True):
-        yield "rope_cache", ops._rope_cache_kernel, rope, dict(HQ=14, HKV=2, D=64, QK_NORM=qk_norm)
+        yield "rope_cache", ops._rope_cache_kernel, rope, dict(HQ=14, HKV=2, D=64, QK_NORM=qk_norm, HEADS=32)
     attention = dict(q_ptr=bf16, k_cache_ptr=bf16, v_cache_ptr=bf16, pos_ptr="*i64", out_ptr=bf16,
                      part_acc_ptr="*fp32", part_ml_ptr="*fp32", scale="fp32")
     for splits in (1, 4):

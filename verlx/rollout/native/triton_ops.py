@@ -1,7 +1,8 @@
 """Fused Triton kernels for the decode step (imported only when the triton backend is selected).
 
 * rope_cache: q/k norm (Qwen3) + RoPE of q and k, and the K/V write into the per-slot cache — one kernel
-  instead of about eight, reading the fused qkv projection once.
+  instead of about eight, reading the fused qkv projection once; all heads of a slot in one program (up to
+  2048 values), not one tiny program per head.
 * decode_attention: flash-decoding over each slot's own length (pos + 1 keys, or the sliding window), the G
   query heads of a KV head computed as one tile so K/V are read once per KV head; split over the key range
   when the batch is too small to fill the GPU, with a combine kernel.
@@ -20,40 +21,39 @@ import triton.language as tl
 
 BLOCK_N = 64
 MAX_SPLITS = 16
+ROPE_TILE = 2048  # values per rope_cache program: all heads of a slot for Qwen2.5 0.5B/1.5B
 
 
 @triton.jit
 def _rope_cache_kernel(
     qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, norm_ptr,
     stride_qkv_b, stride_q_b, stride_c_slot, stride_c_head, stride_c_pos, stride_rope, eps,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr, HEADS: tl.constexpr,
 ):
     slot = tl.program_id(0)
-    head = tl.program_id(1)  # q heads, then k heads, then v heads
+    head = tl.program_id(1) * HEADS + tl.arange(0, HEADS)[:, None]  # q heads, then k heads, then v heads
+    d = tl.arange(0, D)[None, :]
+    rot = (d + D // 2) % D
+    present = (head < HQ + 2 * HKV) & (d < D)
+    is_qk = (head < HQ + HKV) & (d < D)
     pos = tl.load(pos_ptr + slot).to(tl.int32)
-    d = tl.arange(0, D)
     row = qkv_ptr + slot * stride_qkv_b + head * D
+    raw = tl.load(row + d, mask=present, other=0.0)
+    x = raw.to(tl.float32)
+    x_rot = tl.load(row + rot, mask=present, other=0.0).to(tl.float32)
+    if QK_NORM:  # per head: one statistic over its D values (v heads get one too, unused)
+        inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+        x = x * inv * tl.load(norm_ptr + head * D + d, mask=is_qk, other=0.0).to(tl.float32)
+        x_rot = x_rot * inv * tl.load(norm_ptr + head * D + rot, mask=is_qk, other=0.0).to(tl.float32)
+    cos = tl.load(cos_ptr + pos * stride_rope + d).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_rope + d).to(tl.float32)
+    y = x * cos + x_rot * sin
+    tl.store(q_out_ptr + slot * stride_q_b + head * D + d, y.to(q_out_ptr.dtype.element_ty), mask=is_qk & (head < HQ))
     cache_row = slot.to(tl.int64) * stride_c_slot + pos * stride_c_pos + d  # int64: caches can pass 2^31 elements
-    if head < HQ + HKV:
-        rot = (d + D // 2) % D
-        x = tl.load(row + d).to(tl.float32)
-        x_rot = tl.load(row + rot).to(tl.float32)
-        if QK_NORM:
-            inv = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-            x = x * inv * tl.load(norm_ptr + head * D + d).to(tl.float32)
-            x_rot = x_rot * inv * tl.load(norm_ptr + head * D + rot).to(tl.float32)
-        cos = tl.load(cos_ptr + pos * stride_rope + d).to(tl.float32)
-        sin = tl.load(sin_ptr + pos * stride_rope + d).to(tl.float32)
-        y = x * cos + x_rot * sin
-        if head < HQ:
-            tl.store(q_out_ptr + slot * stride_q_b + head * D + d, y.to(q_out_ptr.dtype.element_ty))
-        else:
-            dst = k_cache_ptr + cache_row + (head - HQ) * stride_c_head
-            tl.store(dst, y.to(k_cache_ptr.dtype.element_ty))
-    else:
-        v = tl.load(row + d)
-        dst = v_cache_ptr + cache_row + (head - HQ - HKV) * stride_c_head
-        tl.store(dst, v.to(v_cache_ptr.dtype.element_ty))
+    tl.store(k_cache_ptr + cache_row + (head - HQ) * stride_c_head, y.to(k_cache_ptr.dtype.element_ty),
+             mask=is_qk & (head >= HQ))
+    tl.store(v_cache_ptr + cache_row + (head - HQ - HKV) * stride_c_head, raw.to(v_cache_ptr.dtype.element_ty),
+             mask=present & (head >= HQ + HKV))
 
 
 @triton.jit
@@ -187,10 +187,11 @@ class TritonDecodeOps:
         k_cache, v_cache = cache.layer(i)
         q = torch.empty(b, hq, d, dtype=qkv.dtype, device=qkv.device)
         norm = lw.get("qk_norm", qkv)
-        _rope_cache_kernel[(b, hq + 2 * hkv)](
+        heads = min(triton.next_power_of_2(hq + 2 * hkv), max(1, ROPE_TILE // d))
+        _rope_cache_kernel[(b, triton.cdiv(hq + 2 * hkv, heads))](
             qkv, q, k_cache, v_cache, m.cos, m.sin_signed, pos, norm,
             qkv.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), m.cos.stride(0),
-            spec.rms_norm_eps, HQ=hq, HKV=hkv, D=d, QK_NORM=spec.features.qk_norm,
+            spec.rms_norm_eps, HQ=hq, HKV=hkv, D=d, QK_NORM=spec.features.qk_norm, HEADS=heads,
         )
         out = torch.empty(b, hq * d, dtype=qkv.dtype, device=qkv.device)
         splits = step["splits"]
