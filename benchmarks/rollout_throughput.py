@@ -60,6 +60,8 @@ def parse_args():
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy for both engines")
     p.add_argument("--enforce-eager", action="store_true", help="native without CUDA graphs")
     p.add_argument("--decode-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--sampler", default="auto", choices=["auto", "torch", "triton"],
+                   help="native token sampler (auto: fused triton kernels on CUDA)")
     p.add_argument("--no-backend-comparison", action="store_true",
                    help="skip the extra native run of the large shape with the other decode backend")
     p.add_argument("--skip-hf", action="store_true")
@@ -143,7 +145,8 @@ def native_engine(args, config, max_num_seqs: int, backend: str | None = None) -
         max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager,
         load_format="dummy", sleep_level=args.sleep_level, seed=args.seed,
         engine_kwargs=EngineKwargs(native={"kv_len_block": args.kv_len_block,
-                                           "decode_backend": backend or args.decode_backend}),
+                                           "decode_backend": backend or args.decode_backend,
+                                           "sampler": args.sampler}),
     )
     ctx = RolloutContext(config=rollout, model_path="<random>", hf_config=config, device=DEVICE,
                          pad_token_id=0, eos_token_ids=[151643])
@@ -169,6 +172,7 @@ def run_native(args, engine: NativeEngine, prompts: DataProto) -> dict:
         result[label] = dict(seconds=t, tokens_per_s=tokens / t, **stats)
         del out
     result["decode_backend"] = engine.decode_backend
+    result["sampler"] = engine.sampler.name
     warm = result["warm"]
     decode_bytes = warm["kv_bytes_read"] + warm["weight_bytes_read"]
     result["decode_bytes_per_s"] = decode_bytes / warm["decode_s"] if warm["decode_s"] > 0 else None

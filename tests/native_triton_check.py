@@ -14,6 +14,7 @@ from verlx.rollout.native.architectures import model_spec
 from verlx.rollout.native.kv_cache import KVCache, plan_cache
 from verlx.rollout.native.model import NativeModel
 from verlx.rollout.native.rope import rope_tables
+from verlx.rollout.native import triton_ops
 from verlx.rollout.native.triton_ops import self_test
 from verlx.rollout.native.weights import WeightStore
 
@@ -64,10 +65,15 @@ def check(kind: str, device=torch.device("cpu"), dtype=torch.float16) -> None:
     pos = torch.tensor([0, 1, 63, 64, 150, 191], device=device)  # BLOCK_N=64 edges, window 6, the last row
     tokens = torch.randint(0, VOCAB, (6,), generator=gen).to(device)
     expected = models["torch"].decode(tokens, pos, caches["torch"], kv_len=max_len).float()
-    for splits in (None, 1, 3):
+    tile = triton_ops.ROPE_TILE
+    for splits, rope_tile in ((None, tile), (1, tile), (3, 2 * spec.head_dim)):  # the last: 2 heads a program
         caches["triton"].data.copy_(noise)
         models["triton"].decode_ops.forced_splits = splits
-        got = models["triton"].decode(tokens, pos, caches["triton"], kv_len=max_len).float()
+        triton_ops.ROPE_TILE = rope_tile
+        try:
+            got = models["triton"].decode(tokens, pos, caches["triton"], kv_len=max_len).float()
+        finally:
+            triton_ops.ROPE_TILE = tile
         err = (got - expected).abs().max().item()
         # logits after two layers of dtype rounding, done in a different order by each backend
         tolerance = 0.02 if dtype == torch.float16 else 0.06

@@ -1,7 +1,7 @@
 """Decode-step attention backends: `torch` (everywhere) and `triton` (fused kernels, CUDA bf16/fp16).
 
 A backend owns the part of a decode layer between the fused qkv projection and the output projection —
-q/k norm, RoPE, the KV-cache write, attention — plus the SwiGLU activation. `torch` attends over a KV-length
+q/k norm, RoPE, the KV-cache write, attention — plus the SwiGLU activation and the decode step's RMSNorms. `torch` attends over a KV-length
 bucket with an additive mask (one SDPA call; its graphs are keyed by that bucket); `triton` reads exactly
 each slot's length, so its graphs need no length bucket and no mask.
 """
@@ -84,6 +84,11 @@ class TorchDecodeOps:
     def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
         inter = gate_up.shape[-1] // 2
         return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        """HF's RMSNorm: statistics in float32, normalised value cast back, then scaled (one kernel on recent torch)."""
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 @DECODE_BACKENDS.register("triton")

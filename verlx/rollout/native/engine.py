@@ -20,7 +20,7 @@ from verlx.rollout.native.graphs import DecodeRunner
 from verlx.rollout.native.kv_cache import KVCache, plan_cache
 from verlx.rollout.native.model import NativeModel
 from verlx.rollout.native.rope import rope_tables
-from verlx.rollout.native.sampling import plan_from_params, row_seed
+from verlx.rollout.native.sampling import SAMPLERS, build_sampler, plan_from_params, row_seed
 from verlx.rollout.native.scheduler import Scheduler, SchedulerConfig
 from verlx.rollout.native.slots import SlotState
 from verlx.rollout.native.weights import WeightStore, iter_checkpoint
@@ -44,6 +44,9 @@ class NativeOptions:
     # decode attention/RoPE/SwiGLU: auto (triton on CUDA bf16/fp16 if it passes a self-test, else torch),
     # torch or triton
     decode_backend: str = "auto"
+    # token sampling: auto (fused triton kernels on CUDA if they pass a self-test, else torch), torch or triton;
+    # both draw the same tokens from the same seeds (to float rounding)
+    sampler: str = "auto"
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "NativeOptions":
@@ -64,6 +67,8 @@ class NativeOptions:
             raise ValueError(f"engine_kwargs.native.refill_fraction must be in (0, 1], got {opts.refill_fraction}")
         if opts.kv_len_block < 1:
             raise ValueError(f"engine_kwargs.native.kv_len_block must be >= 1, got {opts.kv_len_block}")
+        if opts.sampler != "auto":
+            SAMPLERS.get(opts.sampler)
         return opts
 
 
@@ -105,6 +110,7 @@ class NativeEngine(RolloutEngine):
         backend = select_backend(self.options.decode_backend, self.device, self.dtype)
         self.model = NativeModel(self.spec, self.weights, cos, sin, backend)
         self.runner = DecodeRunner(self._decode_step, self.device, use_graphs=not cfg.enforce_eager)
+        self.sampler = build_sampler(self.options.sampler, self.device, self.spec.vocab_size)
         self.cache: KVCache | None = None
         self.state: SlotState | None = None
         self._weights_valid = True
@@ -186,7 +192,7 @@ class NativeEngine(RolloutEngine):
                 )
         self.cache = KVCache(self.spec, self.cache_plan, self.dtype, self.device)
         self.state = SlotState(
-            self.cache_plan.slots, int(self.config.response_length), self.ctx.pad_token_id, self.device
+            self.cache_plan.slots, int(self.config.response_length), self.ctx.pad_token_id, self.device, self.sampler
         )
 
     # ------------------------------------------------------------------ generation

@@ -17,10 +17,7 @@ from verlx.rollout.native.decode_ops import DECODE_BACKENDS, TorchDecodeOps, rot
 from verlx.rollout.native.kv_cache import KVCache
 from verlx.rollout.native.weights import WeightStore
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """HF's RMSNorm: statistics in float32, normalised value cast back, then scaled (one kernel on recent torch)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+rms_norm = TorchDecodeOps.rms_norm
 
 
 def _linear_residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -57,15 +54,18 @@ class NativeModel:
         qk = rotate(qk, cos, sin)
         return qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
 
-    def _finish_layer(self, h: torch.Tensor, attn: torch.Tensor, lw: dict, swiglu) -> torch.Tensor:
-        """Output projection, residual, post-norm, SwiGLU MLP, residual; residual adds ride in the GEMM epilogue."""
+    def _finish_layer(self, h: torch.Tensor, attn: torch.Tensor, lw: dict, ops) -> torch.Tensor:
+        """Output projection, residual, post-norm, SwiGLU MLP, residual; residual adds ride in the GEMM epilogue
+        (so a norm kernel that also added the residual would not save a launch). `ops`: a decode backend."""
         h = _linear_residual(h, attn, lw["o_w"], lw.get("o_b"))
-        gate_up = F.linear(rms_norm(h, lw["post_norm"], self.spec.rms_norm_eps), lw["gate_up_w"], lw.get("gate_up_b"))
-        return _linear_residual(h, swiglu(gate_up), lw["down_w"], lw.get("down_b"))
+        normed = ops.rms_norm(h, lw["post_norm"], self.spec.rms_norm_eps)
+        gate_up = F.linear(normed, lw["gate_up_w"], lw.get("gate_up_b"))
+        return _linear_residual(h, ops.swiglu(gate_up), lw["down_w"], lw.get("down_b"))
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, norm=rms_norm) -> torch.Tensor:
+        """Model-dtype logits [b, V]: one GEMM over the lm_head weights, no float32 copy."""
         p = self.weights.params
-        return F.linear(rms_norm(h, p["norm"], self.spec.rms_norm_eps), p["lm_head"])
+        return F.linear(norm(h, p["norm"], self.spec.rms_norm_eps), p["lm_head"])
 
     # ------------------------------------------------------------------ prefill / scoring
     def _prompt_masks(self, length: int) -> dict[int | None, torch.Tensor | None]:
@@ -113,7 +113,7 @@ class NativeModel:
                 is_causal=mask is None,
             )
             attn = attn.transpose(1, 2).reshape(b * length, hq * d)
-            h = self._finish_layer(h, attn, lw, TorchDecodeOps.swiglu)
+            h = self._finish_layer(h, attn, lw, TorchDecodeOps)
         return h.view(b, length, -1)
 
     def score(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -133,6 +133,6 @@ class NativeModel:
         step = ops.prepare(pos, kv_len, cache)
         for i in range(s.num_layers):
             lw = self.weights.layer(i)
-            qkv = F.linear(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw["qkv_w"], lw.get("qkv_b"))
-            h = self._finish_layer(h, ops.attention(i, lw, qkv, step, cache), lw, ops.swiglu)
-        return self.logits(h)
+            qkv = F.linear(ops.rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw["qkv_w"], lw.get("qkv_b"))
+            h = self._finish_layer(h, ops.attention(i, lw, qkv, step, cache), lw, ops)
+        return self.logits(h, ops.rms_norm)

@@ -11,7 +11,7 @@ import torch
 
 from verlx.rollout.native.kv_cache import KVCache
 from verlx.rollout.native.model import NativeModel
-from verlx.rollout.native.sampling import SamplingPlan, sample_tokens
+from verlx.rollout.native.sampling import SamplingPlan, TorchSampler
 
 
 class SlotState:
@@ -19,11 +19,13 @@ class SlotState:
 
     tokens: last sampled token (the next step's input); pos: its position; gen_len: tokens generated;
     done: finished (or empty); seeds: the row's random stream. out_tokens / out_logprobs have one spare
-    column that done rows write into, so their real outputs are never overwritten.
+    column that done rows write into, so their real outputs are never overwritten. `sampler` (a SAMPLERS
+    entry) draws the tokens; one that fuses the step does the bookkeeping below in its own kernel.
     """
 
-    def __init__(self, slots: int, response_len: int, pad_token_id: int, device: torch.device):
+    def __init__(self, slots: int, response_len: int, pad_token_id: int, device: torch.device, sampler=None):
         self.slots, self.response_len, self.pad_token_id = slots, response_len, pad_token_id
+        self.sampler = sampler if sampler is not None else TorchSampler(device)
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
         self.pos = torch.zeros(slots, dtype=torch.long, device=device)
         self.gen_len = torch.zeros(slots, dtype=torch.long, device=device)
@@ -68,7 +70,7 @@ class SlotState:
         """Sample the first token of newly prefilled rows from their last prompt logits and arm the slots."""
         stop_ids = self.stop_ids(plan)
         zero = torch.zeros_like(slots)
-        tokens, logprobs = sample_tokens(logits, plan, stop_ids, seeds, zero)
+        tokens, logprobs = self.sampler.sample(logits, plan, stop_ids, seeds, zero)
         self.tokens.index_copy_(0, slots, tokens)
         self.pos.index_copy_(0, slots, prompt_lens)
         self.gen_len.index_fill_(0, slots, 1)
@@ -81,11 +83,17 @@ class SlotState:
 
     # ------------------------------------------------------------------ one decode step (graph body)
     def step(self, model: NativeModel, cache: KVCache, batch: int, kv_len: int, plan: SamplingPlan) -> None:
+        self.advance(model.decode(self.tokens[:batch], self.pos[:batch], cache, kv_len), plan, batch)
+
+    def advance(self, logits: torch.Tensor, plan: SamplingPlan, batch: int) -> None:
+        """Sample slots 0..batch-1 from logits [batch, V], record token and log-prob, move active slots on."""
+        if self.sampler.fuses_step(plan):
+            self.sampler.step(self, logits, plan, batch)
+            return
         stop_ids = self.stop_ids(plan)
         tokens, pos = self.tokens[:batch], self.pos[:batch]
         gen_len, done = self.gen_len[:batch], self.done[:batch]
-        logits = model.decode(tokens, pos, cache, kv_len)
-        new_tokens, logprobs = sample_tokens(logits, plan, stop_ids, self.seeds[:batch], gen_len)
+        new_tokens, logprobs = self.sampler.sample(logits, plan, stop_ids, self.seeds[:batch], gen_len)
         active = ~done
         column = torch.where(done, torch.full_like(gen_len, self.response_len), gen_len)[:, None]
         self.out_tokens[:batch].scatter_(1, column, new_tokens[:, None])

@@ -1,11 +1,14 @@
 """Fused Triton kernels for the decode step (imported only when the triton backend is selected).
 
 * rope_cache: q/k norm (Qwen3) + RoPE of q and k, and the K/V write into the per-slot cache — one kernel
-  instead of about eight, reading the fused qkv projection once.
+  instead of about eight, reading the fused qkv projection once; all heads of a slot in one program (up to
+  2048 values), not one tiny program per head.
 * decode_attention: flash-decoding over each slot's own length (pos + 1 keys, or the sliding window), the G
   query heads of a KV head computed as one tile so K/V are read once per KV head; split over the key range
   when the batch is too small to fill the GPU, with a combine kernel.
 * swiglu: silu(gate) * up in one pass.
+* rms_norm: one program per row (torch's fused layer-norm kernel takes ~3 us a launch at decode sizes, and a
+  step has 2 per layer + 1); HF's order: float32 statistics, normalised value rounded, then times the weight.
 Arithmetic is float32 inside the kernels with one rounding on store (HF rounds after every op in bf16), so
 results agree with the torch backend to bf16 rounding, not bit for bit.
 """
@@ -18,40 +21,39 @@ import triton.language as tl
 
 BLOCK_N = 64
 MAX_SPLITS = 16
+ROPE_TILE = 2048  # values per rope_cache program: all heads of a slot for Qwen2.5 0.5B/1.5B
 
 
 @triton.jit
 def _rope_cache_kernel(
     qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, norm_ptr,
     stride_qkv_b, stride_q_b, stride_c_slot, stride_c_head, stride_c_pos, stride_rope, eps,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr, HEADS: tl.constexpr,
 ):
     slot = tl.program_id(0)
-    head = tl.program_id(1)  # q heads, then k heads, then v heads
+    head = tl.program_id(1) * HEADS + tl.arange(0, HEADS)[:, None]  # q heads, then k heads, then v heads
+    d = tl.arange(0, D)[None, :]
+    rot = (d + D // 2) % D
+    present = (head < HQ + 2 * HKV) & (d < D)
+    is_qk = (head < HQ + HKV) & (d < D)
     pos = tl.load(pos_ptr + slot).to(tl.int32)
-    d = tl.arange(0, D)
     row = qkv_ptr + slot * stride_qkv_b + head * D
+    raw = tl.load(row + d, mask=present, other=0.0)
+    x = raw.to(tl.float32)
+    x_rot = tl.load(row + rot, mask=present, other=0.0).to(tl.float32)
+    if QK_NORM:  # per head: one statistic over its D values (v heads get one too, unused)
+        inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+        x = x * inv * tl.load(norm_ptr + head * D + d, mask=is_qk, other=0.0).to(tl.float32)
+        x_rot = x_rot * inv * tl.load(norm_ptr + head * D + rot, mask=is_qk, other=0.0).to(tl.float32)
+    cos = tl.load(cos_ptr + pos * stride_rope + d).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_rope + d).to(tl.float32)
+    y = x * cos + x_rot * sin
+    tl.store(q_out_ptr + slot * stride_q_b + head * D + d, y.to(q_out_ptr.dtype.element_ty), mask=is_qk & (head < HQ))
     cache_row = slot.to(tl.int64) * stride_c_slot + pos * stride_c_pos + d  # int64: caches can pass 2^31 elements
-    if head < HQ + HKV:
-        rot = (d + D // 2) % D
-        x = tl.load(row + d).to(tl.float32)
-        x_rot = tl.load(row + rot).to(tl.float32)
-        if QK_NORM:
-            inv = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-            x = x * inv * tl.load(norm_ptr + head * D + d).to(tl.float32)
-            x_rot = x_rot * inv * tl.load(norm_ptr + head * D + rot).to(tl.float32)
-        cos = tl.load(cos_ptr + pos * stride_rope + d).to(tl.float32)
-        sin = tl.load(sin_ptr + pos * stride_rope + d).to(tl.float32)
-        y = x * cos + x_rot * sin
-        if head < HQ:
-            tl.store(q_out_ptr + slot * stride_q_b + head * D + d, y.to(q_out_ptr.dtype.element_ty))
-        else:
-            dst = k_cache_ptr + cache_row + (head - HQ) * stride_c_head
-            tl.store(dst, y.to(k_cache_ptr.dtype.element_ty))
-    else:
-        v = tl.load(row + d)
-        dst = v_cache_ptr + cache_row + (head - HQ - HKV) * stride_c_head
-        tl.store(dst, v.to(v_cache_ptr.dtype.element_ty))
+    tl.store(k_cache_ptr + cache_row + (head - HQ) * stride_c_head, y.to(k_cache_ptr.dtype.element_ty),
+             mask=is_qk & (head >= HQ))
+    tl.store(v_cache_ptr + cache_row + (head - HQ - HKV) * stride_c_head, raw.to(v_cache_ptr.dtype.element_ty),
+             mask=present & (head >= HQ + HKV))
 
 
 @triton.jit
@@ -139,8 +141,19 @@ def _swiglu_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, INTER, BLOCK: tl
     tl.store(out_ptr + row * stride_out + col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    normed = (x * tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)).to(out_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, normed * w, mask=mask)
+
+
 class TritonDecodeOps:
-    """The decode-layer pieces as three or four kernel launches."""
+    """The decode-layer pieces as three or four kernel launches, and RMSNorm as one."""
 
     reads_exact_lengths = True
 
@@ -174,10 +187,11 @@ class TritonDecodeOps:
         k_cache, v_cache = cache.layer(i)
         q = torch.empty(b, hq, d, dtype=qkv.dtype, device=qkv.device)
         norm = lw.get("qk_norm", qkv)
-        _rope_cache_kernel[(b, hq + 2 * hkv)](
+        heads = min(triton.next_power_of_2(hq + 2 * hkv), max(1, ROPE_TILE // d))
+        _rope_cache_kernel[(b, triton.cdiv(hq + 2 * hkv, heads))](
             qkv, q, k_cache, v_cache, m.cos, m.sin_signed, pos, norm,
             qkv.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), m.cos.stride(0),
-            spec.rms_norm_eps, HQ=hq, HKV=hkv, D=d, QK_NORM=spec.features.qk_norm,
+            spec.rms_norm_eps, HQ=hq, HKV=hkv, D=d, QK_NORM=spec.features.qk_norm, HEADS=heads,
         )
         out = torch.empty(b, hq * d, dtype=qkv.dtype, device=qkv.device)
         splits = step["splits"]
@@ -203,6 +217,13 @@ class TritonDecodeOps:
         block = 1024
         _swiglu_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter,
                                                           BLOCK=block)
+        return out
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rows, n = x.shape
+        out = torch.empty_like(x)
+        _rms_norm_kernel[(rows,)](x, weight, out, x.stride(0), out.stride(0), n, eps, BLOCK=triton.next_power_of_2(n))
         return out
 
 
@@ -238,4 +259,9 @@ def self_test(model, cache) -> str | None:
     err = (triton_ops.swiglu(gate_up).float() - torch_ops.swiglu(gate_up).float()).abs().max().item()
     if not err <= 0.03 * max(1.0, torch_ops.swiglu(gate_up).float().abs().max().item()):
         return f"swiglu differs by {err:.3g}"
+    h = torch.randn(b, spec.hidden_size, generator=gen, device=device).to(dtype)
+    expected = torch_ops.rms_norm(h, lw["in_norm"], spec.rms_norm_eps).float()
+    err = (triton_ops.rms_norm(h, lw["in_norm"], spec.rms_norm_eps).float() - expected).abs().max().item()
+    if not err <= 0.03 * max(1.0, expected.abs().max().item()):
+        return f"rms_norm differs by {err:.3g}"
     return None
