@@ -10,7 +10,7 @@ from verlx.config.loader import build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 from verlx.config.validation import Findings, check_batch_arithmetic
 from verlx.trainer.entrypoint import override_args
-from verlx.workers.megatron import INSTALL_COMMAND
+from verlx.workers.megatron import INSTALL_COMMAND, MegatronNotInstalled, megatron_core_available
 from verlx.workers.megatron.config_checks import megatron_problems
 from verlx.workers.registry import worker_classes
 
@@ -86,8 +86,13 @@ def test_valid_layout_passes_and_batch_arithmetic_uses_megatron_dp(tmp_path):
 
 
 def test_strategy_registry_and_command_line():
-    actor_cls, critic_cls = worker_classes("megatron")
-    assert actor_cls.__name__ == "MegatronActorRolloutRefWorker" and critic_cls.__name__ == "MegatronCriticWorker"
+    if megatron_core_available():
+        actor_cls, critic_cls = worker_classes("megatron")
+        assert actor_cls.__name__ == "MegatronActorRolloutRefWorker"
+        assert critic_cls.__name__ == "MegatronCriticWorker"
+    else:
+        with pytest.raises(MegatronNotInstalled, match=r"pip install 'verlx\[megatron\]'"):
+            worker_classes("megatron")
     with pytest.raises(KeyError, match="Did you mean 'megatron'"):
         worker_classes("megatronn")
     assert override_args(["--config-name", "ppo_megatron_trainer", "trainer.nnodes=1"]) == ["trainer.nnodes=1"]
