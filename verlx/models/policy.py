@@ -45,8 +45,7 @@ def response_rows(decoder: nn.Module, input_ids, attention_mask, position_ids, r
         local = ids.shape[1] // sp
         start = torch.distributed.get_rank(sp_group) * local
         ids, pos = ids[:, start : start + local], pos[:, start : start + local]
-    kwargs = packed_attention_kwargs(batch.cu_seqlens, batch.max_seqlen, batch.seq_lens,
-                                     sp_group if sp > 1 else None)
+    kwargs = packed_attention_kwargs(batch.cu_seqlens, batch.cu_seqlens_host, sp_group if sp > 1 else None)
     hidden = _decoder_forward(decoder, ids, None, pos, **kwargs)
     return ResponseRows.packed(hidden[0], batch, sp_group if sp > 1 else None)
 
