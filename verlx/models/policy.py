@@ -64,6 +64,7 @@ class PolicyModel(nn.Module):
         self.hf_model = hf_model
         self.packed = packed
         self.sp_group = sp_group
+        self.compiled = False  # verlx.models.compile.compile_model sets it: fused log-prob chunks too
         if packed:
             use_packed_attention(hf_model)
 
@@ -93,7 +94,7 @@ class PolicyModel(nn.Module):
         if return_response_hidden:
             return rows.assemble(rows.hidden.detach()).clone(), weight.detach().clone()
         log_probs, entropy = chunked_log_probs(rows.hidden, weight, rows.targets, temperature, chunk_size,
-                                               with_entropy)
+                                               with_entropy, compiled=self.compiled)
         log_probs = rows.assemble(log_probs)
         entropy = rows.assemble(entropy) if entropy is not None else None
         if kl_reference is None:
