@@ -27,7 +27,9 @@ def packed_batch(seed: int, rows: int, prompt: int = 6, response: int = 5):
 
 
 def grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    """Parameter gradients by name (whole tensors also for FSDP2's sharded DTensor gradients)."""
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone())
+            for n, p in model.named_parameters() if p.grad is not None}
 
 
 def assert_fp32_close(want, got, what: str):

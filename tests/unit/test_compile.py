@@ -1,12 +1,16 @@
-"""torch.compile'd decoder layers and log-prob chunks on CPU (inductor + gcc): the same fp32 numbers as eager, one
-compilation for every micro-batch size, checkpointing still recomputes, and a compiler error falls back to eager."""
+"""torch.compile'd decoder layers on CPU (inductor + gcc), compiled first and then sharded with FSDP2 as the
+workers do: the same fp32 numbers as eager, one compilation for every micro-batch size, and activation
+checkpointing still recomputes."""
 
 from __future__ import annotations
 
 import copy
+import os
+import socket
 
 import pytest
 import torch
+import torch.distributed as dist
 from helpers.compile_models import assert_fp32_close, packed_batch, tiny_config, train_step
 
 from verlx.models import compile as compile_mod
@@ -16,18 +20,28 @@ from verlx.models.policy import PolicyModel
 
 @pytest.fixture(scope="module")
 def policies():
+    """Eager and compiled copies of one model, each sharded by FSDP2 on a 1-rank gloo group (fp32)."""
     from transformers import AutoModelForCausalLM
 
-    from verlx.workers.fsdp.model_builder import enable_activation_checkpointing
+    from verlx.workers.fsdp.model_builder import apply_fsdp2, enable_activation_checkpointing
 
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(tiny_config()).float()
     enable_activation_checkpointing(hf)
     eager = PolicyModel(copy.deepcopy(hf), packed=True)
     compiled = PolicyModel(copy.deepcopy(hf), packed=True)
     assert compile_model(compiled) == 2 and compiled.compiled
-    eager.train(), compiled.train()
-    return eager, compiled
+    compiled.compiled = False  # the log-prob chunks have their own test (test_compile_more): fewer CPU builds here
+    for model in (eager, compiled):
+        apply_fsdp2(model, torch.device("cpu"), torch.float32)
+        model.train()
+    yield eager, compiled
+    dist.destroy_process_group()
 
 
 def test_compiled_policy_equals_eager_without_recompiling(policies, monkeypatch):
