@@ -66,3 +66,12 @@ def test_unknown_model_type_and_bad_time():
 ])
 def test_device_peaks(name, peak):
     assert device_peak_tflops(name) == peak
+
+
+def test_peak_from_the_environment(monkeypatch):
+    """VERLX_PEAK_TFLOPS answers for any device (unlisted GPUs, CPU); a non-number is named."""
+    monkeypatch.setenv("VERLX_PEAK_TFLOPS", "120.5")
+    assert device_peak_tflops("NVIDIA GeForce GTX 1080") == 120.5 and device_peak_tflops("CPU") == 120.5
+    monkeypatch.setenv("VERLX_PEAK_TFLOPS", "fast")
+    with pytest.raises(ValueError, match="VERLX_PEAK_TFLOPS='fast' is not a number of TFLOP/s"):
+        device_peak_tflops("CPU")

@@ -17,6 +17,7 @@ class FSDPConfig:
     optimizer_offload: bool = False
     offload_policy: bool = False
     reshard_after_forward: bool = True
+    defer_grad_reduce: bool = False
     fsdp_size: int = -1
     forward_prefetch: bool = False
     model_dtype: str = "fp32"

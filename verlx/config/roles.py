@@ -51,7 +51,7 @@ class ActorConfig:
     ulysses_sequence_parallel_size: int = 1
     entropy_checkpointing: bool = False
     entropy_from_logits_with_chunking: bool = False
-    use_torch_compile: bool = False
+    use_torch_compile: bool = True
     logprob_chunk_size: int = 1024
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -75,7 +75,7 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
     ulysses_sequence_parallel_size: int = 1
-    use_torch_compile: bool = False
+    use_torch_compile: bool = True
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
@@ -165,5 +165,6 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"
     grad_clip: float = 1.0
     ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = True
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

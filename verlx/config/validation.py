@@ -5,9 +5,11 @@ Every problem names the keys and values involved and what would work; all proble
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
@@ -252,6 +254,86 @@ def check_unsupported(cfg: PPOConfig, f: Findings) -> None:
         _registered(f, "trainer.logger", name, LOGGERS)
 
 
+def _model_head_counts(path: str | None) -> SimpleNamespace | None:
+    """num_attention_heads / num_key_value_heads from the model's config.json, when it exists and has them."""
+    if path is None:
+        return None
+    config_file = os.path.join(_expand(path), "config.json")
+    if not os.path.isfile(config_file):
+        return None
+    try:
+        with open(config_file) as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return None  # check_paths / the model loader report unreadable configs
+    if not isinstance(raw.get("num_attention_heads"), int):
+        return None
+    return SimpleNamespace(num_attention_heads=raw["num_attention_heads"],
+                           num_key_value_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"])
+
+
+def check_sequence_parallel(cfg: PPOConfig, f: Findings, world_size: int) -> None:
+    """Ulysses SP > 1 needs packed sequences, one size for the actor and its reference (they share workers), and a
+    size the model's attention heads can be split by (read from config.json when present; the world size is
+    checked with the batch arithmetic)."""
+    from verlx.models.ulysses import check_ulysses
+
+    arr = cfg.actor_rollout_ref
+    if cfg.use_reference and arr.ref.strategy != "megatron" and (
+            arr.ref.ulysses_sequence_parallel_size != arr.actor.ulysses_sequence_parallel_size):
+        f.problems.append(
+            f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={arr.ref.ulysses_sequence_parallel_size} differs "
+            f"from actor_rollout_ref.actor.ulysses_sequence_parallel_size={arr.actor.ulysses_sequence_parallel_size}; "
+            "the reference runs in the actor's workers and needs the same size")
+    roles = [("actor_rollout_ref.actor", arr.actor, arr.model.use_remove_padding, "actor_rollout_ref.model",
+              arr.model.path)]
+    if cfg.use_critic:
+        roles.append(("critic", cfg.critic, cfg.critic.model.use_remove_padding, "critic.model",
+                      cfg.critic.model.path or arr.model.path))
+    for key, role, packed, model_key, path in roles:
+        sp = role.ulysses_sequence_parallel_size
+        if role.strategy == "megatron" or sp <= 1:
+            continue
+        f.require(packed, f"{key}.ulysses_sequence_parallel_size={sp} needs {model_key}.use_remove_padding=true "
+                  "(Ulysses splits one packed row of real tokens over the GPUs)")
+        heads = _model_head_counts(path)
+        if heads is None or world_size % sp:
+            continue
+        try:
+            check_ulysses(heads, sp, world_size, f"{key}.ulysses_sequence_parallel_size")
+        except ValueError as e:
+            f.problems.append(f"{e} (from {path}/config.json)")
+
+
+def check_token_budgets(cfg: PPOConfig, f: Findings) -> None:
+    """Every token budget of a dynamic-batch phase must hold the longest sequence the data and rollout allow.
+
+    An error, not a warning: a prompt of max_prompt_length with a response cut at max_response_length is an
+    ordinary event in RL, so the run would fail at the first such sample, hours in, with the same message.
+    """
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    longest = data.max_prompt_length + data.max_response_length
+    budgets = [("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.ppo_max_token_len_per_gpu,
+                arr.actor.use_dynamic_bsz),
+               ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_max_token_len_per_gpu,
+                arr.rollout.log_prob_use_dynamic_bsz)]
+    if cfg.use_reference:
+        budgets.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_max_token_len_per_gpu,
+                        arr.ref.log_prob_use_dynamic_bsz))
+    if cfg.use_critic:
+        budgets += [("critic.ppo_max_token_len_per_gpu", cfg.critic.ppo_max_token_len_per_gpu,
+                     cfg.critic.use_dynamic_bsz),
+                    ("critic.forward_max_token_len_per_gpu", cfg.critic.forward_max_token_len_per_gpu,
+                     cfg.critic.use_dynamic_bsz)]
+    for key, budget, dynamic in budgets:
+        f.require(
+            not dynamic or budget >= longest,
+            f"{key}={budget} is smaller than the longest possible sequence, data.max_prompt_length + "
+            f"data.max_response_length = {data.max_prompt_length} + {data.max_response_length} = {longest} tokens; "
+            f"a micro-batch must hold at least one sequence, so raise it to at least {longest}",
+        )
+
+
 def _expand(path: str) -> str:
     return os.path.expanduser(os.path.expandvars(path))
 
@@ -291,6 +373,8 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     if not f.problems:
         check_algorithm(cfg, f)
         check_batch_arithmetic(cfg, f, world_size or world_size_of(cfg))
+        check_sequence_parallel(cfg, f, world_size or world_size_of(cfg))
+        check_token_budgets(cfg, f)
     if check_files:
         check_paths(cfg, f)
     if f.problems:

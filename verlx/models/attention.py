@@ -1,10 +1,16 @@
 """Varlen attention for packed sequences, registered with transformers as the `verlx_packed` implementation.
 
 HF decoders (Qwen2, Qwen3, Llama, Mistral) call `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]` with
-q/k/v [1, heads, T, D] and forward the decoder's extra kwargs to it. We pass transformers' own varlen names
-(`cu_seq_lens_q/k`, `max_length_q/k`) plus the host copy of the lengths and, for Ulysses, the SP group. Our mask
+q/k/v [1, heads, T, D] and forward the decoder's extra kwargs to it. We pass tensors only: transformers' varlen
+names (`cu_seq_lens_q/k`) plus a host copy of the boundaries (`cu_seq_lens_host`, from which the kernels' host
+lengths come without a device sync) and, for Ulysses, the SP group. No Python numbers that change per micro-batch
+travel through the decoder layers, so torch.compile'd layers are not re-specialised per batch. Our mask
 function returns no mask for packed input, so no [T, T] tensor is ever built; called with a 2-D padding mask
 (plain padded batches, e.g. HF generation) it builds what SDPA would and the attention falls through to SDPA.
+
+The attention function is opaque to torch.compile (`torch.compiler.disable`): compiled decoder layers break the
+graph around it and run the chosen kernel with its own autograd (a custom op could not reuse the kernels' backward
+without recomputing the forward), so the norms, rotary embedding and MLP fuse while attention stays as it is.
 
 Kernels, first usable wins: flash_attn's varlen kernel, torch's `torch.nn.attention.varlen.varlen_attn` (CUDA,
 fp16/bf16), then SDPA sequence by sequence (any device and dtype; the exact reference). A fast kernel is probed
@@ -208,16 +214,15 @@ def select_kernel(q, k, window, dropout):
 
 
 # ---------------------------------------------------------------------------------------------- transformers glue
-def packed_attention_kwargs(cu_seqlens: torch.Tensor, max_seqlen: int, seq_lens: tuple[int, ...],
-                            sp_group=None) -> dict:
-    """The kwargs a decoder forwards to every attention call for a packed [1, T] input."""
-    kwargs = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_seqlen,
-              "max_length_k": max_seqlen, "packed_seq_lens": seq_lens}
+def packed_attention_kwargs(cu_seqlens: torch.Tensor, cu_seqlens_host: torch.Tensor, sp_group=None) -> dict:
+    """The kwargs a decoder forwards to every attention call for a packed [1, T] input (tensors only)."""
+    kwargs = {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "cu_seq_lens_host": cu_seqlens_host}
     if sp_group is not None:
         kwargs["ulysses_group"] = sp_group
     return kwargs
 
 
+@torch.compiler.disable
 def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                              sliding_window: int | None = None, **kwargs):
     """HF attention-function signature: q/k/v [1, heads, T_local, D] → ([1, T_local, heads, D], None)."""
@@ -229,8 +234,9 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout:
                                       sliding_window=sliding_window, **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"packed attention expects one packed row, got batch {query.shape[0]}")
-    max_seqlen = kwargs["max_length_q"]
-    seq_lens = kwargs.get("packed_seq_lens") or tuple(cu_seqlens.diff().tolist())
+    host = kwargs.get("cu_seq_lens_host")
+    seq_lens = tuple((host if host is not None else cu_seqlens.cpu()).diff().tolist())
+    max_seqlen = max(seq_lens)
     group = kwargs.get("ulysses_group")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T_local, heads, D]
     if group is not None:

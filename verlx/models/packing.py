@@ -20,6 +20,7 @@ class PackedBatch:
     input_ids: torch.Tensor  # [1, T] real tokens of every sequence, then `T - num_real_tokens` pad tokens
     position_ids: torch.Tensor  # [1, T] each sequence's own positions (the pad tail counts from 0)
     cu_seqlens: torch.Tensor  # int32 [S + 1] boundaries; the pad tail, if any, is its own last segment
+    cu_seqlens_host: torch.Tensor  # the same boundaries on the CPU (kernels read host lengths from it, no sync)
     seq_lens: tuple[int, ...]  # host copy of the S segment lengths (for kernels that need them on the host)
     max_seqlen: int
     num_real_tokens: int
@@ -45,7 +46,11 @@ def pack_batch(
     pad_multiple: int = 1,
     pad_token_id: int = 0,
 ) -> PackedBatch:
-    """Pack the real tokens of [B, P + R] inputs into one row (one host sync for the lengths, one per index)."""
+    """Pack the real tokens of [B, P + R] inputs into one row.
+
+    All index arithmetic runs on one host copy of the mask: one device sync per micro-batch (none for CPU inputs),
+    and the indices travel back with non-blocking copies.
+    """
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"pack_batch expects input_ids and attention_mask of one shape [batch, seq]; got "
                          f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
@@ -56,7 +61,7 @@ def pack_batch(
     batch, seq = input_ids.shape
     if not 0 < response_length < seq:
         raise ValueError(f"response_length={response_length} must be in (0, {seq}) for inputs of length {seq}")
-    mask = attention_mask.bool()
+    mask = attention_mask.bool().cpu()
     response_mask = mask[:, seq - response_length:]
     lengths, response_lens = torch.stack([mask.sum(-1), response_mask.sum(-1)]).tolist()
     short = [i for i, (n, r) in enumerate(zip(lengths, response_lens)) if n - r < 1]
@@ -69,21 +74,25 @@ def pack_batch(
 
     flat_mask = mask.reshape(-1)
     token_index = flat_mask.nonzero().squeeze(1)
-    device = input_ids.device
-    packed_ids = torch.full((total,), pad_token_id, dtype=input_ids.dtype, device=device)
-    packed_ids[:real] = input_ids.reshape(-1)[token_index]
-    packed_pos = torch.arange(total, device=device, dtype=position_ids.dtype) - real
-    packed_pos[:real] = position_ids.reshape(-1)[token_index]
-
     # packed position of every padded position (meaningful where the mask is 1)
     packed_of = (flat_mask.cumsum(0) - 1).reshape(batch, seq)
     response_index = response_mask.reshape(-1).nonzero().squeeze(1)
     target_index = packed_of[:, seq - response_length:].reshape(-1)[response_index]
     seq_lens = tuple(lengths) + ((tail,) if tail else ())
+    cu_host = cu_seqlens_from_lengths(list(seq_lens))
+
+    device = input_ids.device
+    token_index, response_index, target_index = (t.to(device, non_blocking=True)
+                                                 for t in (token_index, response_index, target_index))
+    packed_ids = torch.full((total,), pad_token_id, dtype=input_ids.dtype, device=device)
+    packed_ids[:real] = input_ids.reshape(-1)[token_index]
+    packed_pos = torch.arange(total, device=device, dtype=position_ids.dtype) - real
+    packed_pos[:real] = position_ids.reshape(-1)[token_index]
     return PackedBatch(
         input_ids=packed_ids.unsqueeze(0),
         position_ids=packed_pos.unsqueeze(0),
-        cu_seqlens=cu_seqlens_from_lengths(list(seq_lens), device),
+        cu_seqlens=cu_host.to(device, non_blocking=True),
+        cu_seqlens_host=cu_host,
         seq_lens=seq_lens,
         max_seqlen=max(seq_lens),
         num_real_tokens=real,

@@ -45,8 +45,7 @@ def response_rows(decoder: nn.Module, input_ids, attention_mask, position_ids, r
         local = ids.shape[1] // sp
         start = torch.distributed.get_rank(sp_group) * local
         ids, pos = ids[:, start : start + local], pos[:, start : start + local]
-    kwargs = packed_attention_kwargs(batch.cu_seqlens, batch.max_seqlen, batch.seq_lens,
-                                     sp_group if sp > 1 else None)
+    kwargs = packed_attention_kwargs(batch.cu_seqlens, batch.cu_seqlens_host, sp_group if sp > 1 else None)
     hidden = _decoder_forward(decoder, ids, None, pos, **kwargs)
     return ResponseRows.packed(hidden[0], batch, sp_group if sp > 1 else None)
 
@@ -65,6 +64,7 @@ class PolicyModel(nn.Module):
         self.hf_model = hf_model
         self.packed = packed
         self.sp_group = sp_group
+        self.compiled = False  # verlx.models.compile.compile_model sets it: fused log-prob chunks too
         if packed:
             use_packed_attention(hf_model)
 
@@ -94,7 +94,7 @@ class PolicyModel(nn.Module):
         if return_response_hidden:
             return rows.assemble(rows.hidden.detach()).clone(), weight.detach().clone()
         log_probs, entropy = chunked_log_probs(rows.hidden, weight, rows.targets, temperature, chunk_size,
-                                               with_entropy)
+                                               with_entropy, compiled=self.compiled)
         log_probs = rows.assemble(log_probs)
         entropy = rows.assemble(entropy) if entropy is not None else None
         if kl_reference is None:

@@ -37,3 +37,10 @@ def compute_throughput_metrics(timing: dict[str, float], counts: dict[str, int],
     if step > 0:
         out["perf/throughput"] = counts["all"] / (step * world_size)
     return out
+
+
+def step_memory_peak(metrics: dict[str, float]) -> dict[str, float]:
+    """perf/max_memory_allocated_gb: the largest per-phase peak of the step (veRL's key); absent when no phase
+    reported one (CPU)."""
+    peaks = [v for k, v in metrics.items() if k.startswith("perf/max_memory_allocated_gb/")]
+    return {"perf/max_memory_allocated_gb": max(peaks)} if peaks else {}

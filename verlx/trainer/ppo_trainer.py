@@ -25,7 +25,12 @@ from verlx.single_controller.ray import (
 from verlx.trainer import checkpointing
 from verlx.trainer.generation_dump import dump_generations
 from verlx.trainer.metrics import compute_data_metrics
-from verlx.trainer.perf_metrics import compute_throughput_metrics, compute_timing_metrics, token_counts
+from verlx.trainer.perf_metrics import (
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    step_memory_peak,
+    token_counts,
+)
 from verlx.trainer.validation import Validator
 from verlx.utils.seqlen_balancing import balance_batch
 from verlx.utils.timer import timed
@@ -205,6 +210,7 @@ class RayPPOTrainer:
                 metrics.update(balance_batch(batch, self.world_size))
             with timed("old_log_prob", timing):
                 old = self.actor_rollout_wg.compute_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
+                metrics.update(old.meta_info.get("metrics", {}))
                 entropy = agg_loss(old.batch["entropys"], batch.batch["response_mask"], arr.actor.loss_agg_mode)
                 metrics["actor/entropy"] = float(entropy)
                 batch.batch["old_log_probs"] = old.batch["old_log_probs"]
@@ -213,13 +219,15 @@ class RayPPOTrainer:
             if self.use_reference:
                 with timed("ref", timing):
                     ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
+                    metrics.update(ref.meta_info.get("metrics", {}))
                     batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
                     if "full_kl" in ref.batch:
                         batch.batch["full_kl"] = ref.batch["full_kl"]
             if self.use_critic:
                 with timed("values", timing):
-                    batch.batch["values"] = self.critic_wg.compute_values(
-                        batch.select(list(LOG_PROB_INPUTS), [], [])).batch["values"]
+                    values = self.critic_wg.compute_values(batch.select(list(LOG_PROB_INPUTS), [], []))
+                    batch.batch["values"] = values.batch["values"]
+                    metrics.update(values.meta_info.get("metrics", {}))
             with timed("adv", timing):
                 if self.kl_ctrl is not None:
                     batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
@@ -244,6 +252,7 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, self.use_critic))
         metrics.update(compute_timing_metrics(timing, counts))
         metrics.update(compute_throughput_metrics(timing, counts, self.world_size))
+        metrics.update(step_memory_peak(metrics))
         return metrics
 
     def _rollout_and_score(self, batch: DataProto, metrics: dict, timing: dict) -> DataProto:

@@ -10,6 +10,8 @@ are real token counts.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from verlx.utils.registry import Registry
@@ -40,8 +42,20 @@ PEAK_BF16_TFLOPS = {
 }
 
 
+PEAK_ENV = "VERLX_PEAK_TFLOPS"
+
+
 def device_peak_tflops(device_name: str | None = None) -> float | None:
-    """Peak dense bf16 TFLOP/s of `device_name` (default: the current CUDA device); None for CPU or unknown."""
+    """Peak dense bf16 TFLOP/s of `device_name` (default: the current CUDA device); None for CPU or unknown.
+
+    The environment variable VERLX_PEAK_TFLOPS, when set, is the answer for any device (a GPU missing from the
+    table, or a deliberate reference number).
+    """
+    if os.environ.get(PEAK_ENV):
+        try:
+            return float(os.environ[PEAK_ENV])
+        except ValueError:
+            raise ValueError(f"{PEAK_ENV}={os.environ[PEAK_ENV]!r} is not a number of TFLOP/s") from None
     if device_name is None:
         if not torch.cuda.is_available():
             return None

@@ -9,7 +9,7 @@ from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
 from verlx.algorithms.policy_losses import POLICY_LOSSES
 from verlx.protocol import DataProto
 from verlx.workers.guarded_step import GuardedStepper
-from verlx.workers.micro_batching import micro_batches, restore_order
+from verlx.workers.micro_batching import gradient_accumulation, micro_batches, restore_order
 from verlx.workers.stats import MetricAccumulator, global_counts
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -109,9 +109,10 @@ class PPOActor:
                 parts, _ = micro_batches(mini, micro_batch_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu,
                                          key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
                 self.optimizer.zero_grad(set_to_none=True)
-                for mb in parts:
+                for mb in gradient_accumulation(self.module, parts, cfg.fsdp_config.defer_grad_reduce):
                     self._micro_step(mb, loss_fn, counts, temperature, metrics)
                 self.stepper.step(self.module, self.optimizer, self.config.grad_clip, metrics)
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are dead weight until the next update (rollout)
         return metrics.reduce()
 
     def _micro_step(self, mb: DataProto, loss_fn, counts: dict, temperature: float, metrics: MetricAccumulator):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import ExitStack
 
+import torch
 
 from verlx.algorithms.kl import kl_needs_full_distribution
 from verlx.config.schema import PPOConfig
@@ -24,11 +26,15 @@ from verlx.workers.fsdp.model_builder import (
     apply_fsdp2,
     build_lr_scheduler,
     build_optimizer,
+    compile_for_training,
     expand_path,
     import_external_lib,
     load_hf_config,
-    load_policy
+    load_policy,
 )
+from verlx.workers.fsdp.offload import Offloader
+from verlx.workers.micro_batching import sequence_lengths
+from verlx.workers.perf import PhaseTimer, phase_metrics
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
 
 logger = logging.getLogger(__name__)
@@ -48,6 +54,8 @@ class ActorRolloutRefWorker(Worker):
         self.role = role
         self.is_actor, self.is_rollout, self.is_ref = ("actor" in parts, "rollout" in parts, "ref" in parts)
         self.actor = self.ref = self.engine = None
+        self.actor_offload = self.ref_offload = None
+        self.lora = False
         self.engine_weights_stale = True
 
     # ------------------------------------------------------------------ set-up
@@ -71,10 +79,13 @@ class ActorRolloutRefWorker(Worker):
             self.lora = arr.model.lora_rank > 0
             module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype), sp_group=sp_group,
                                  with_lora=self.lora)
+            compile_for_training(module, arr.actor.use_torch_compile, self.device)
             apply_fsdp2(module, self.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
                         cpu_offload=fsdp.offload_policy and on_gpu,
                         grad_divide_factor=dp_size if sp_group is not None else None)
             optimizer = build_optimizer(module.parameters(), arr.actor.optim)
+            self.actor_offload = Offloader("actor", module, optimizer, self.device,
+                                           fsdp.param_offload and not fsdp.offload_policy, fsdp.optimizer_offload)
             self.lr_scheduler = build_lr_scheduler(optimizer, arr.actor.optim, cfg.trainer.total_training_steps or 1)
             self.actor = PPOActor(arr.actor, module, optimizer, self.device,
                                   cfg.trainer.max_consecutive_nonfinite_updates)
@@ -88,11 +99,30 @@ class ActorRolloutRefWorker(Worker):
             ref_model_cfg = type(arr.model)(**{**arr.model.__dict__, "enable_gradient_checkpointing": False})
             ref_module = load_policy(model_path, ref_model_cfg, torch_dtype(ref_fsdp.model_dtype), sp_group=sp_group)
             ref_module.requires_grad_(False)
+            compile_for_training(ref_module, arr.ref.use_torch_compile, self.device)
             apply_fsdp2(ref_module, self.device, torch_dtype(ref_fsdp.dtype), ref_fsdp.reshard_after_forward)
             self.ref = PPOActor(arr.actor, ref_module, None, self.device)
+            self.ref_offload = Offloader("ref", ref_module, None, self.device, ref_fsdp.param_offload)
             if self.actor is not None:
                 self.actor.reference = self.ref
+        for offloader in (self.actor_offload, self.ref_offload):
+            if offloader is not None:
+                offloader.offload()
         return {"rank": self.rank, "device": str(self.device)}
+
+    def _on_device(self, actor: bool = False, ref: bool = False, optimizer: bool = False) -> ExitStack:
+        """The offloaded parts a phase computes with, on the device for the `with` block (no-ops without offload).
+        A LoRA reference is the actor's own module with its adapters disabled, so it needs the actor's weights."""
+        stack = ExitStack()
+        actor = actor or (ref and self.lora)
+        if actor and self.actor_offload is not None:
+            stack.enter_context(self.actor_offload.on_device(optimizer=optimizer))
+        if ref and self.ref_offload is not None:
+            stack.enter_context(self.ref_offload.on_device())
+        return stack
+
+    def _sp_size(self) -> int:
+        return self.config.actor_rollout_ref.actor.ulysses_sequence_parallel_size
 
     def _init_sequence_parallel(self):
         """Ulysses: SP groups of consecutive ranks share one data shard (mesh "actor"); returns (group, dp size)."""
@@ -173,8 +203,11 @@ class ActorRolloutRefWorker(Worker):
         if self.engine_weights_stale:
             if not self.is_actor:
                 raise RuntimeError("the rollout engine needs weights from an actor in the same worker")
-            timing["timing_s/update_weights"] = self._push_weights()
+            with self._on_device(actor=True):
+                timing["timing_s/update_weights"] = self._push_weights()
         if self.engine_asleep:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
             self.engine.wake_up(("kv_cache",))
         gen_start = time.perf_counter()
         out = self.engine.generate(prompts)
@@ -199,8 +232,12 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=False)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
-        return DataProto({"old_log_probs": log_prob.cpu(), "entropys": entropy.cpu()})
+        timer = PhaseTimer(self.device)
+        with self._on_device(actor=True), timer.measure():
+            log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
+        metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
+                                share=1 / self._sp_size())
+        return DataProto({"old_log_probs": log_prob.cpu(), "entropys": entropy.cpu()}, meta_info={"metrics": metrics})
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -208,16 +245,21 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"role {self.role} has no reference model")
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        log_prob, _ = self.ref.compute_log_prob(data, micro, dynamic, max_tokens)
-        out = DataProto({"ref_log_prob": log_prob.cpu()})
+        timer = PhaseTimer(self.device)
+        with self._on_device(ref=True), timer.measure():
+            log_prob, _ = self.ref.compute_log_prob(data, micro, dynamic, max_tokens)
+        metrics = phase_metrics("ref", self.hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
+                                share=1 / self._sp_size())
+        out = DataProto({"ref_log_prob": log_prob.cpu()}, meta_info={"metrics": metrics})
         if kl_needs_full_distribution(self.config.algorithm.kl_penalty) and self.config.algorithm.use_kl_in_reward:
-            out.batch["full_kl"] = self.actor.compute_full_kl(data, micro).cpu()
+            with self._on_device(actor=True, ref=True):
+                out.batch["full_kl"] = self.actor.compute_full_kl(data, micro).cpu()
         return out
 
     # ------------------------------------------------------------------ training
     def _dp_size(self) -> int:
         """Data-parallel ranks the training batch is split over."""
-        return self.world_size // self.config.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+        return self.world_size // self._sp_size()
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def update_actor(self, data: DataProto) -> DataProto:
@@ -230,7 +272,12 @@ class ActorRolloutRefWorker(Worker):
             micro = max(1, actor_cfg.ppo_micro_batch_size // dp)
         data.meta_info.setdefault("temperature", arr.rollout.temperature)
         start = time.perf_counter()
-        metrics = self.actor.update_policy(data, mini, micro)
+        full_kl = actor_cfg.use_kl_loss and kl_needs_full_distribution(actor_cfg.kl_loss_type)
+        timer = PhaseTimer(self.device)
+        with self._on_device(actor=True, ref=full_kl, optimizer=True), timer.measure():
+            metrics = self.actor.update_policy(data, mini, micro)
+        metrics.update(phase_metrics("actor", self.hf_config, sequence_lengths(data).tolist() * actor_cfg.ppo_epochs, timer,
+                                     share=1 / self._sp_size()))
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["actor/optimizer_state_gb"] = optimizer_state_bytes(self.actor.optimizer) / 1e9
         self.lr_scheduler.step()
@@ -241,9 +288,12 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ checkpoints
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        self.checkpoint.save(path)
+        with self._on_device(actor=True, optimizer=True):
+            self.checkpoint.save(path)
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        self.checkpoint.load(path)
+        with self._on_device(actor=True, optimizer=True):
+            self.checkpoint.load(path)
         self.engine_weights_stale = True
+

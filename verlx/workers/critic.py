@@ -8,7 +8,7 @@ from verlx.algorithms.core import compute_value_loss
 from verlx.protocol import DataProto
 from verlx.workers.actor import MODEL_INPUTS
 from verlx.workers.guarded_step import GuardedStepper
-from verlx.workers.micro_batching import micro_batches, restore_order
+from verlx.workers.micro_batching import gradient_accumulation, micro_batches, restore_order
 from verlx.workers.stats import MetricAccumulator, global_counts
 
 
@@ -49,9 +49,10 @@ class PPOCritic:
                 parts, _ = micro_batches(mini, micro_batch_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu,
                                          key="critic.ppo_max_token_len_per_gpu")
                 self.optimizer.zero_grad(set_to_none=True)
-                for mb in parts:
+                for mb in gradient_accumulation(self.module, parts, cfg.model.fsdp_config.defer_grad_reduce):
                     compose_value_loss(cfg, mb, self._forward(mb), counts, metrics).backward()
                 self.stepper.step(self.module, self.optimizer, self.config.grad_clip, metrics)
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are dead weight until the next update
         return metrics.reduce()
 
 

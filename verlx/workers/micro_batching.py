@@ -94,3 +94,13 @@ def micro_batches(
     if not micro_batch_size or micro_batch_size <= 0:
         raise ValueError(f"micro-batch size must be positive (got {micro_batch_size}) when use_dynamic_bsz is false")
     return data.split(micro_batch_size), None
+
+
+def gradient_accumulation(module, parts: list[DataProto], defer_reduce: bool):
+    """Yield `parts` for forward + backward; with `defer_reduce`, an FSDP2 module reduce-scatters gradients only
+    in the last part's backward (the others accumulate unsharded gradients: less communication, more memory)."""
+    set_sync = getattr(module, "set_requires_gradient_sync", None) if defer_reduce else None
+    for i, part in enumerate(parts):
+        if set_sync is not None:
+            set_sync(i == len(parts) - 1)
+        yield part

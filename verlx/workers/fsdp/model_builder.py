@@ -106,6 +106,22 @@ def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_imple
     return model
 
 
+def compile_for_training(model: nn.Module, enabled: bool, device: torch.device) -> None:
+    """torch.compile the decoder layers (and log-prob chunks) when `use_torch_compile` and on a GPU; before FSDP.
+
+    CPU runs stay eager: inductor's C++ builds take minutes on small CPU machines, and CPU runs are for
+    correctness (verlx.models.compile is tested on CPU directly).
+    """
+    if not enabled:
+        return
+    if device.type != "cuda":
+        logger.info("use_torch_compile: not compiling on %s (GPU only)", device.type)
+        return
+    from verlx.models.compile import compile_model
+
+    compile_model(model)
+
+
 def apply_fsdp2(
     model: nn.Module,
     device: torch.device,
@@ -117,7 +133,9 @@ def apply_fsdp2(
 ) -> nn.Module:
     """Shard every decoder layer and then the root; mixed precision on GPU (fp32 grads reduce).
 
-    Gradients are averaged over the ranks by default; `grad_divide_factor` replaces that divisor (Ulysses: the
+    `reshard_after_forward` applies to the layers. The root (embeddings, final norm, output projection) is never
+    resharded after forward: training gathers it again at once for backward, and the worker's Offloader frees it
+    after a forward-only pass. Gradients are averaged over the ranks by default; `grad_divide_factor` replaces that divisor (Ulysses: the
     SP ranks of one data shard hold partial gradients that must be summed, so divide by the dp size only).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -135,7 +153,7 @@ def apply_fsdp2(
     inner = model.hf_model if isinstance(model, PolicyModel) else model.decoder
     units = [*decoder_layers(inner), model]
     for unit in units:
-        fully_shard(unit, **kwargs)
+        fully_shard(unit, **{**kwargs, "reshard_after_forward": reshard_after_forward and unit is not model})
     if grad_divide_factor is not None:
         for unit in units:
             if hasattr(unit, "set_gradient_divide_factor"):
@@ -148,13 +166,15 @@ def apply_fsdp2(
 
 
 def build_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
+    """AdamW: the fused kernel when every parameter is on a GPU (one launch per step), else foreach."""
     params = [p for p in params if p.requires_grad]
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
     return torch.optim.AdamW(
         params,
         lr=optim_cfg.lr,
         betas=tuple(optim_cfg.betas),
         weight_decay=optim_cfg.weight_decay,
-        foreach=True,
+        **({"fused": True} if fused else {"foreach": True}),
     )
 
 

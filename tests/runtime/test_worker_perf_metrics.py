@@ -1,0 +1,105 @@
+"""The FSDP workers in one process (a 1-rank gloo group): each phase reports perf/mfu/<phase> computed from the
+sequences it processed and its compute time, and CPU-only runs ignore param/optimizer offload with one warning."""
+
+from __future__ import annotations
+
+import socket
+from contextlib import contextmanager
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers.e2e import make_config
+from verlx.protocol import DataProto
+from verlx.trainer.perf_metrics import step_memory_peak
+from verlx.utils.flops import dense_decoder_flops
+from verlx.workers import perf
+from verlx.workers.fsdp import offload
+
+SECONDS, PEAK, EPOCHS = 0.5, 4.0, 2
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "VERLX_PEAK_TFLOPS": str(PEAK)}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    @contextmanager
+    def fixed_measure(self):  # every phase "takes" SECONDS, so the expected MFU is exact
+        yield self
+        self.seconds = SECONDS
+
+    monkeypatch.setattr(perf.PhaseTimer, "measure", fixed_measure)
+    monkeypatch.setattr(offload, "_warned", set())  # "one warning per process": start from none
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _batch(rows: int = 8, prompt: int = 6, response: int = 5) -> DataProto:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 20, (rows, prompt + response), generator=g)
+    p = torch.randint(1, prompt + 1, (rows,), generator=g)
+    r = torch.randint(1, response + 1, (rows,), generator=g)
+    cols = torch.arange(prompt + response)
+    mask = ((cols >= prompt - p[:, None]) & (cols < prompt + r[:, None])).long()
+    rmask = mask[:, prompt:]
+    return DataProto({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                      "responses": ids[:, prompt:], "response_mask": rmask,
+                      "old_log_probs": -torch.rand(rows, response, generator=g) * rmask,
+                      "advantages": torch.randn(rows, response, generator=g) * rmask,
+                      "values": torch.randn(rows, response, generator=g) * rmask,
+                      "returns": torch.randn(rows, response, generator=g) * rmask})
+
+
+def _mfu(hf_config, seq_lens, forward_only=False) -> float:
+    flops = dense_decoder_flops(hf_config, seq_lens) / (3 if forward_only else 1)
+    return flops / SECONDS / 1e12 / PEAK
+
+
+def test_phase_mfu_from_the_rank_sequences_and_offload_ignored_on_cpu(one_rank, tiny_model_dir, tmp_path, caplog):
+    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+    from verlx.workers.critic_worker import CriticWorker
+
+    cfg = make_config(tiny_model_dir, tmp_path, tmp_path, "trainer.n_gpus_per_node=1",
+                      "algorithm.adv_estimator=gae", f"actor_rollout_ref.actor.ppo_epochs={EPOCHS}",
+                      "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                      "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                      "actor_rollout_ref.ref.fsdp_config.param_offload=true",
+                      "critic.model.fsdp_config.param_offload=true", "critic.ppo_epochs=1")
+    with caplog.at_level("WARNING"):
+        actor = ActorRolloutRefWorker(cfg, role="actor_ref")
+        actor.init_model()
+        critic = CriticWorker(cfg)
+        critic.init_model()
+    warnings = [r.message for r in caplog.records if "are ignored on a CPU-only run" in r.message]
+    assert len(warnings) == 1, warnings
+
+    data = _batch()
+    seq_lens = data.batch["attention_mask"].sum(-1).tolist()
+    hf_config = actor.hf_config
+    old = actor.compute_log_prob(data)
+    assert old.meta_info["metrics"] == {"perf/mfu/actor_infer": pytest.approx(_mfu(hf_config, seq_lens, True))}
+    ref = actor.compute_ref_log_prob(data)
+    assert ref.meta_info["metrics"] == {"perf/mfu/ref": pytest.approx(_mfu(hf_config, seq_lens, True))}
+    metrics = actor.update_actor(data).meta_info["metrics"]
+    # two epochs over the rank's 8 sequences
+    assert metrics["perf/mfu/actor"] == pytest.approx(_mfu(hf_config, seq_lens * EPOCHS))
+    values = critic.compute_values(data)
+    assert values.meta_info["metrics"] == {"perf/mfu/critic_infer": pytest.approx(_mfu(hf_config, seq_lens, True))}
+    critic_metrics = critic.update_critic(data).meta_info["metrics"]
+    assert critic_metrics["perf/mfu/critic"] == pytest.approx(_mfu(hf_config, seq_lens))
+    assert not any(k.startswith("perf/max_memory_allocated_gb") for k in {**metrics, **critic_metrics})
+    assert step_memory_peak({**metrics, **critic_metrics}) == {}  # CPU: no memory peak to report
+
+
+def test_step_memory_peak_is_the_largest_phase_peak():
+    phases = {"perf/max_memory_allocated_gb/actor": 30.5, "perf/max_memory_allocated_gb/actor_infer": 12.0,
+              "perf/mfu/actor": 0.4}
+    assert step_memory_peak(phases) == {"perf/max_memory_allocated_gb": 30.5}
