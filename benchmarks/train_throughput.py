@@ -5,7 +5,7 @@
 For each model shape (Qwen2.5-0.5B and 1.5B, random weights) and each mode, builds the model as the trainer
 does (fp32 master weights, FSDP2 fully_shard on a 1-rank process group with bf16 compute / fp32 reduce, AdamW
 foreach) and times `PPOActor.update_policy` (forward + backward + optimizer step) on the same synthetic
-mini-batch: prompts of 96-128 tokens left-padded to 128, responses lognormal around ~400 tokens clipped to
+mini-batch (modes: padded, packed, packed+compile = actor.use_torch_compile): prompts of 96-128 tokens left-padded to 128, responses lognormal around ~400 tokens clipped to
 [64, 1024] and right-padded to 1024 (fixed seed). Both modes hold the same number of token slots per
 micro-batch (padded: rows × 1152; packed: a budget of that many real tokens). MFU counts real tokens only
 (verlx.utils.flops, veRL's convention) against the device's peak dense bf16 TFLOP/s.
@@ -79,7 +79,7 @@ def synthetic_batch(n: int, seed: int = 0) -> DataProto:
                      meta_info={"temperature": 1.0})
 
 
-def build_actor(shape: str, packed: bool, cfg: ActorConfig, checkpointing: bool):
+def build_actor(shape: str, packed: bool, cfg: ActorConfig, checkpointing: bool, compiled: bool = False):
     from transformers import Qwen2ForCausalLM
 
     from verlx.models.policy import PolicyModel
@@ -87,6 +87,7 @@ def build_actor(shape: str, packed: bool, cfg: ActorConfig, checkpointing: bool)
     from verlx.workers.fsdp.model_builder import (
         apply_fsdp2,
         build_optimizer,
+        compile_for_training,
         enable_activation_checkpointing,
     )
 
@@ -99,6 +100,7 @@ def build_actor(shape: str, packed: bool, cfg: ActorConfig, checkpointing: bool)
     if checkpointing:
         enable_activation_checkpointing(hf)
     module = PolicyModel(hf, packed=packed)
+    compile_for_training(module, compiled, device)  # what actor.use_torch_compile does in the worker
     apply_fsdp2(module, device, torch.bfloat16)
     optimizer = build_optimizer(module.parameters(), cfg.optim)
     return PPOActor(cfg, module, optimizer, device), hf_config
@@ -151,14 +153,14 @@ def run_shape(shape: str, args) -> list[dict]:
     rows = args.rows_per_micro or ROWS_PER_MICRO[shape]
     slots = rows * (PROMPT + RESPONSE)
     rows_out = []
-    for mode in ("padded", "packed"):
-        packed = mode == "packed"
+    for mode in ("padded", "packed", "packed+compile"):
+        packed = mode.startswith("packed")
         cfg = ActorConfig(ppo_mini_batch_size=args.mini_batch, use_dynamic_bsz=packed,
                           ppo_max_token_len_per_gpu=slots, logprob_chunk_size=args.chunk)
         cfg.optim.lr = 1e-6
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        actor, hf_config = build_actor(shape, packed, cfg, args.gradient_checkpointing)
+        actor, hf_config = build_actor(shape, packed, cfg, args.gradient_checkpointing, mode.endswith("compile"))
         seconds = time_updates(actor, data, args.mini_batch, None if packed else rows, args.warmup, args.steps)
         achieved, peak = estimate_flops(hf_config, seq_lens, seconds)
         row = {
