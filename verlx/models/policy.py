@@ -95,14 +95,14 @@ class PolicyModel(nn.Module):
             return rows.assemble(rows.hidden.detach()).clone(), weight.detach().clone()
         log_probs, entropy = chunked_log_probs(rows.hidden, weight, rows.targets, temperature, chunk_size,
                                                with_entropy, compiled=self.compiled)
-        log_probs = rows.assemble(log_probs)
-        entropy = rows.assemble(entropy) if entropy is not None else None
+        log_probs = _owned(rows.assemble(log_probs))
+        entropy = _owned(rows.assemble(entropy)) if entropy is not None else None
         if kl_reference is None:
             return log_probs, entropy
         ref_hidden, ref_weight = kl_reference
         full_kl = chunked_full_kl(rows.hidden, weight, rows.select(ref_hidden), ref_weight, temperature=temperature,
                                   chunk_size=chunk_size)
-        return log_probs, entropy, rows.assemble(full_kl)
+        return log_probs, entropy, _owned(rows.assemble(full_kl))
 
     def hf_state_dict_key(self, key: str) -> str:
         return key.removeprefix("hf_model.")
@@ -131,4 +131,10 @@ class ValueModel(nn.Module):
         rows = response_rows(self.decoder, input_ids, attention_mask, position_ids, response_length, self.packed,
                              self.sp_group)
         values = self.value_head(rows.hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
-        return rows.assemble(values)
+        return _owned(rows.assemble(values))
+
+
+def _owned(t: torch.Tensor) -> torch.Tensor:
+    """A root FSDP module must not return a view: an in-place op on it would skip FSDP's pre-backward hook (and
+    FSDP warns every call). One [B, R] copy makes the output its own tensor."""
+    return t.clone() if t._base is not None else t
