@@ -6,8 +6,10 @@ For each model shape (Qwen2.5-0.5B and 1.5B, random weights) and each mode, buil
 does (fp32 master weights, FSDP2 fully_shard on a 1-rank process group with bf16 compute / fp32 reduce, AdamW
 foreach) and times `PPOActor.update_policy` (forward + backward + optimizer step) on the same synthetic
 mini-batch (modes: padded, packed, packed+compile = actor.use_torch_compile): prompts of 96-128 tokens left-padded to 128, responses lognormal around ~400 tokens clipped to
-[64, 1024] and right-padded to 1024 (fixed seed). Both modes hold the same number of token slots per
-micro-batch (padded: rows × 1152; packed: a budget of that many real tokens). MFU counts real tokens only
+[64, 1024] and right-padded to 1024 (fixed seed). Modes: padded fixed micro-batches; packed (remove-padding +
+token-budget micro-batches); packed+compile (the same with actor.use_torch_compile). By default every mode holds
+the same number of token slots per micro-batch (padded: rows × 1152; packed: a budget of that many real tokens);
+--packed-tokens-per-micro gives the packed modes a budget of their own. MFU counts real tokens only
 (verlx.utils.flops, veRL's convention) against the device's peak dense bf16 TFLOP/s.
 
 Then the peak memory of log-probs + entropy for 16 × 1024 = 16k tokens of the 0.5B model (151,936 vocabulary):
@@ -152,11 +154,12 @@ def run_shape(shape: str, args) -> list[dict]:
     real_tokens = sum(seq_lens)
     rows = args.rows_per_micro or ROWS_PER_MICRO[shape]
     slots = rows * (PROMPT + RESPONSE)
+    budget = args.packed_tokens_per_micro or slots
     rows_out = []
     for mode in ("padded", "packed", "packed+compile"):
         packed = mode.startswith("packed")
         cfg = ActorConfig(ppo_mini_batch_size=args.mini_batch, use_dynamic_bsz=packed,
-                          ppo_max_token_len_per_gpu=slots, logprob_chunk_size=args.chunk)
+                          ppo_max_token_len_per_gpu=budget, logprob_chunk_size=args.chunk)
         cfg.optim.lr = 1e-6
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -169,7 +172,7 @@ def run_shape(shape: str, args) -> list[dict]:
             "tokens_per_s": real_tokens / seconds, "achieved_tflops": achieved, "peak_tflops": peak,
             "mfu": achieved / peak if peak else None,
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30,
-            "micro_batch": f"{slots} tokens" if packed else f"{rows} rows × {PROMPT + RESPONSE}",
+            "micro_batch": f"{budget} tokens" if packed else f"{rows} rows × {PROMPT + RESPONSE}",
         }
         if packed:
             row["attention_kernel"] = attention_kernel_name(hf_config)
@@ -232,6 +235,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="0.5b,1.5b")
     parser.add_argument("--mini-batch", type=int, default=128, help="sequences per optimizer step")
     parser.add_argument("--rows-per-micro", type=int, default=0, help="padded rows per micro-batch (0: per shape)")
+    parser.add_argument("--packed-tokens-per-micro", type=int, default=0,
+                        help="token budget of the packed modes' micro-batches (0: the padded mode's token slots)")
     parser.add_argument("--chunk", type=int, default=2048, help="tokens per log-softmax chunk")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
