@@ -47,7 +47,7 @@ def val_accuracy(metrics_path: str) -> list[tuple[int, float]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verlx.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", default="runs/quickstart")
-    p.add_argument("--rl_steps", type=int, default=40)
+    p.add_argument("--rl_steps", type=int, default=50)
     p.add_argument("--workers", type=int, default=2, help="CPU worker processes (trainer.n_gpus_per_node)")
     args, extra = p.parse_known_args(argv)
     out = os.path.abspath(args.output_dir)
