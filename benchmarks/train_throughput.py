@@ -156,7 +156,7 @@ def run_shape(shape: str, args) -> list[dict]:
     slots = rows * (PROMPT + RESPONSE)
     budget = args.packed_tokens_per_micro or slots
     rows_out = []
-    for mode in ("padded", "packed", "packed+compile"):
+    for mode in args.modes.split(","):
         packed = mode.startswith("packed")
         cfg = ActorConfig(ppo_mini_batch_size=args.mini_batch, use_dynamic_bsz=packed,
                           ppo_max_token_len_per_gpu=budget, logprob_chunk_size=args.chunk)
@@ -235,6 +235,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="0.5b,1.5b")
     parser.add_argument("--mini-batch", type=int, default=128, help="sequences per optimizer step")
     parser.add_argument("--rows-per-micro", type=int, default=0, help="padded rows per micro-batch (0: per shape)")
+    parser.add_argument("--modes", default="padded,packed,packed+compile")
     parser.add_argument("--packed-tokens-per-micro", type=int, default=0,
                         help="token budget of the packed modes' micro-batches (0: the padded mode's token slots)")
     parser.add_argument("--chunk", type=int, default=2048, help="tokens per log-softmax chunk")

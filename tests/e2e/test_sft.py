@@ -58,7 +58,8 @@ def _direct_mean_response_nll(lm, data, rows) -> float:
 def _run_sft(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd = (launcher if nproc > 1 else [sys.executable]) + ["-m", "verlx.trainer.main_sft", *args]
-    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in [REPO, os.environ.get("PYTHONPATH", "")] if p)  # keep what is already there
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
