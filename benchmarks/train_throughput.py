@@ -5,7 +5,7 @@
 For each model shape (Qwen2.5-0.5B and 1.5B, random weights) and each mode, builds the model as the trainer
 does (fp32 master weights, FSDP2 fully_shard on a 1-rank process group with bf16 compute / fp32 reduce, AdamW
 foreach) and times `PPOActor.update_policy` (forward + backward + optimizer step) on the same synthetic
-mini-batch (modes: padded, packed, packed+compile = actor.use_torch_compile): prompts of 96-128 tokens left-padded to 128, responses lognormal around ~400 tokens clipped to
+mini-batch: prompts of 96-128 tokens left-padded to 128, responses lognormal around ~400 tokens clipped to
 [64, 1024] and right-padded to 1024 (fixed seed). Modes: padded fixed micro-batches; packed (remove-padding +
 token-budget micro-batches); packed+compile (the same with actor.use_torch_compile). By default every mode holds
 the same number of token slots per micro-batch (padded: rows × 1152; packed: a budget of that many real tokens);
@@ -219,12 +219,12 @@ def log_prob_memory(args) -> dict:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        lp, ent = model(ids, mask, pos, response, chunk_size=args.chunk, with_entropy=True)
+        lp, ent = model(ids, mask, pos, response, chunk_size=args.memory_chunk, with_entropy=True)
         torch.cuda.synchronize()
         out["chunked_peak_gb"] = (torch.cuda.max_memory_allocated() - base) / 2**30
         out["max_abs_logprob_diff"] = (lp - logp).abs().max().item()
         out["max_abs_entropy_diff"] = (ent - entropy).abs().max().item()
-    out.update(tokens=rows * (prompt + response), vocab=VOCAB, chunk=args.chunk,
+    out.update(tokens=rows * (prompt + response), vocab=VOCAB, chunk=args.memory_chunk,
                ratio_full_over_chunked=out["full_logits_peak_gb"] / out["chunked_peak_gb"])
     print(json.dumps(out), flush=True)
     return out
@@ -238,7 +238,10 @@ def main() -> None:
     parser.add_argument("--modes", default="padded,packed,packed+compile")
     parser.add_argument("--packed-tokens-per-micro", type=int, default=0,
                         help="token budget of the packed modes' micro-batches (0: the padded mode's token slots)")
-    parser.add_argument("--chunk", type=int, default=2048, help="tokens per log-softmax chunk")
+    parser.add_argument("--chunk", type=int, default=8192,
+                        help="tokens per log-softmax chunk in the updates (actor.logprob_chunk_size)")
+    parser.add_argument("--memory-chunk", type=int, default=4096,
+                        help="chunk of the log-prob memory measurement (the config default)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--memory-tokens", type=int, default=16384)

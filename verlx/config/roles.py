@@ -52,7 +52,7 @@ class ActorConfig:
     entropy_checkpointing: bool = False
     entropy_from_logits_with_chunking: bool = False
     use_torch_compile: bool = True
-    logprob_chunk_size: int = 1024
+    logprob_chunk_size: int = 4096
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
