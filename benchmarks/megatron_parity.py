@@ -3,7 +3,7 @@
 Builds a random Qwen2-shaped HF checkpoint (hidden 1024, 8 layers), then checks on the same weights:
   1. TP=2 megatron log-probs == the FSDP actor's model (PolicyModel, bf16) log-probs
   2. PP=2 likewise
-  3. one GRPO-style update at TP=2 (loss finite, weights change)
+  3. one GRPO-style update at PP=2 and at TP=2 (loss finite, every weight of this rank changes)
   4. dist-checkpoint → export_megatron_checkpoint → from_pretrained gives the megatron log-probs
 Prints timings and a table; writes $OUT/megatron_parity.json when OUT is set.
 """
@@ -131,18 +131,19 @@ def main() -> None:
         out["checks"][f"{name}_logprob_parity"] = {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()),
                                                    "ok": float(diff.mean()) < TOL}
 
-    actor, chunks, wrapped, optimizer, layout, dims = megatron_actor(path, 2, 1, train=True)
-    before = {n: p.detach().clone() for n, p in chunks[0].named_parameters()}
-    data = batch.union(DataProto({"old_log_probs": ref, "advantages": torch.randn(B, RESP,
-                                                                                   generator=torch.Generator().manual_seed(2))}))
-    t = time.perf_counter()
-    metrics = actor.update_policy(data, B, 4)
-    out["timings_s"]["tp2_update"] = time.perf_counter() - t
-    changed = sum(not torch.equal(before[n], p.detach()) for n, p in chunks[0].named_parameters())
-    loss = metrics.get("actor/pg_loss", float("nan"))
-    out["checks"]["grpo_update"] = {"pg_loss": loss, "grad_norm": metrics.get("actor/grad_norm"),
-                                    "params_changed": changed, "params": len(before),
-                                    "ok": bool(torch.isfinite(torch.tensor(loss))) and changed == len(before)}
+    advantages = torch.randn(B, RESP, generator=torch.Generator().manual_seed(2))
+    data = batch.union(DataProto({"old_log_probs": ref, "advantages": advantages}))
+    for name, tp, pp in (("pp2", 1, 2), ("tp2", 2, 1)):  # tp2 last: its trained weights are checkpointed below
+        actor, chunks, wrapped, optimizer, layout, dims = megatron_actor(path, tp, pp, train=True)
+        before = {n: p.detach().clone() for n, p in chunks[0].named_parameters()}
+        t = time.perf_counter()
+        metrics = actor.update_policy(data, B, 4)
+        out["timings_s"][f"{name}_update"] = time.perf_counter() - t
+        changed = sum(not torch.equal(before[n], p.detach()) for n, p in chunks[0].named_parameters())
+        loss = metrics.get("actor/pg_loss", float("nan"))
+        out["checks"][f"{name}_grpo_update"] = {"pg_loss": loss, "grad_norm": metrics.get("actor/grad_norm"),
+                                                "params_changed": changed, "params": len(before),
+                                                "ok": bool(torch.isfinite(torch.tensor(loss))) and changed == len(before)}
 
     from verlx.workers.megatron.checkpoint import MegatronCheckpointManager, export_megatron_checkpoint
     from transformers import AutoConfig
