@@ -55,27 +55,34 @@ def attention_for(model_cfg, default: str = "sdpa") -> str:
     return register_packed_attention() if uses_packing(model_cfg) else default
 
 
+def _load_hf(auto_class, path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str, what: str):
+    """`auto_class.from_pretrained` with the model config's overrides, attention and checkpointing; `what` names
+    the config key in the error a failed load raises."""
+    import_external_lib(model_cfg.external_lib)
+    config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
+    try:
+        model = auto_class.from_pretrained(
+            expand_path(path),
+            config=config,
+            dtype=master_dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            attn_implementation=attention_for(model_cfg, attn_implementation),
+        )
+    except Exception as e:
+        raise RuntimeError(f"could not load the model from {path!r} ({what}): {e}") from e
+    if model_cfg.enable_gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    return model
+
+
 def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa",
                 sp_group=None, with_lora: bool = False) -> PolicyModel:
     """The HF causal LM in `master_dtype`, wrapped for chunked log-probs (packed when use_remove_padding), with LoRA
     adapters when `with_lora` (model.lora_rank > 0)."""
     from transformers import AutoModelForCausalLM
 
-    import_external_lib(model_cfg.external_lib)
-    attn_implementation = attention_for(model_cfg, attn_implementation)
-    config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
-    try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            expand_path(path),
-            config=config,
-            dtype=master_dtype,
-            trust_remote_code=model_cfg.trust_remote_code,
-            attn_implementation=attn_implementation,
-        )
-    except Exception as e:
-        raise RuntimeError(f"could not load the model from {path!r} (actor_rollout_ref.model.path): {e}") from e
-    if model_cfg.enable_gradient_checkpointing:
-        enable_activation_checkpointing(hf_model)
+    hf_model = _load_hf(AutoModelForCausalLM, path, model_cfg, master_dtype, attn_implementation,
+                        "actor_rollout_ref.model.path")
     if with_lora:
         hf_model = apply_lora(hf_model, model_cfg)
     return PolicyModel(hf_model, packed=uses_packing(model_cfg), sp_group=sp_group)
@@ -86,22 +93,8 @@ def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_imple
     """The HF decoder of the checkpoint (no lm_head) plus a zero-initialised value head."""
     from transformers import AutoModel
 
-    import_external_lib(model_cfg.external_lib)
-    attn_implementation = attention_for(model_cfg, attn_implementation)
-    config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
-    try:
-        decoder = AutoModel.from_pretrained(
-            expand_path(path),
-            config=config,
-            dtype=master_dtype,
-            trust_remote_code=model_cfg.trust_remote_code,
-            attn_implementation=attn_implementation,
-        )
-    except Exception as e:
-        raise RuntimeError(f"could not load the critic from {path!r} (critic.model.path): {e}") from e
-    if model_cfg.enable_gradient_checkpointing:
-        enable_activation_checkpointing(decoder)
-    model = ValueModel(decoder, config.hidden_size, packed=uses_packing(model_cfg), sp_group=sp_group)
+    decoder = _load_hf(AutoModel, path, model_cfg, master_dtype, attn_implementation, "critic.model.path")
+    model = ValueModel(decoder, decoder.config.hidden_size, packed=uses_packing(model_cfg), sp_group=sp_group)
     model.value_head.to(master_dtype)
     return model
 
