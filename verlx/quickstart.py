@@ -6,7 +6,8 @@
 3. warm-start the model with a short SFT run that stops once it is sometimes right (on the validation split),
 4. train it with GRPO through main_ppo (2 CPU workers, the native rollout engine), validating on the held-out
    problems before training and along the way,
-5. print validation accuracy before and after, and draw the training curves.
+5. export the trained actor as a Hugging Face model directory (`grpo_model`), print validation accuracy before
+   and after, and draw the training curves.
 
 Each stage is the ordinary command a user would run (printed before it runs); stages whose output exists are
 skipped, so an interrupted quick start resumes where it stopped.
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="CPU worker processes (trainer.n_gpus_per_node)")
     args, extra = p.parse_known_args(argv)
     out = os.path.abspath(args.output_dir)
-    model, data, sft, rl = (os.path.join(out, d) for d in ("model", "data", "sft_model", "grpo"))
+    model, data, sft, rl, rl_model = (os.path.join(out, d) for d in ("model", "data", "sft_model", "grpo",
+                                                                     "grpo_model"))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
     start = time.time()
 
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
              f"trainer.default_local_dir={sft}", f"trainer.output_dir={out}/sft_logs"], env)
     metrics = os.path.join(rl, "metrics.jsonl")
     if os.path.exists(metrics):
-        os.remove(metrics)  # a re-run starts its curve afresh (checkpoints still resume)
+        os.remove(metrics)  # a re-run trains afresh (resume_mode=disable) and starts its curve afresh
     run([PYTHON, "-m", "verlx.trainer.main_ppo",
          "algorithm.adv_estimator=grpo",
          f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
@@ -78,11 +80,15 @@ def main(argv: list[str] | None = None) -> int:
          "actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.n=8",
          "actor_rollout_ref.rollout.temperature=1.0",
          f"trainer.n_gpus_per_node={args.workers}", "trainer.device=cpu",
-         f"trainer.total_training_steps={args.rl_steps}", "trainer.test_freq=10", "trainer.save_freq=-1",
+         f"trainer.total_training_steps={args.rl_steps}", "trainer.test_freq=10",
+         f"trainer.save_freq={args.rl_steps}",
          "trainer.val_before_train=true", "trainer.logger=[console,file]",
          "trainer.project_name=verlx_quickstart", "trainer.experiment_name=arithmetic_grpo",
          f"trainer.output_dir={rl}", f"trainer.default_local_dir={out}/checkpoints",
          "trainer.resume_mode=disable", "reward.num_workers=1", *extra], env)
+    run([PYTHON, "-m", "verlx.model_merger", "merge",
+         "--local_dir", os.path.join(out, "checkpoints", f"global_step_{args.rl_steps}", "actor"),
+         "--target_dir", rl_model], env)
     run([PYTHON, "-m", "verlx.tools.plot", rl, "--out", os.path.join(out, "training_curves.png")], env)
 
     points = val_accuracy(metrics)
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  step {step:3d}: {acc:6.1%}")
     if len(points) >= 2:
         print(f"before RL {points[0][1]:.1%} -> after RL {points[-1][1]:.1%} in {minutes:.1f} min")
-    print(f"metrics: {metrics}\ncurves:  {os.path.join(out, 'training_curves.png')}")
+    print(f"metrics: {metrics}\ncurves:  {os.path.join(out, 'training_curves.png')}\nmodel:   {rl_model}")
     return 0
 
 
