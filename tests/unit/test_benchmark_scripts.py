@@ -78,3 +78,18 @@ def test_offload_comparison_arithmetic_on_gpu_shaped_records(capsys):
     script.report(results, out)
     printed = capsys.readouterr().out
     assert "| step peak | 12.50 (generate) | 11.50 (generate) | 1.00 | 1.00 |" in printed
+
+
+def test_parity_2gpu_cpu_mode_matches_one_rank_in_fp32(tmp_path):
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+          "benchmarks/parity_2gpu.py", "--device", "cpu"], tmp_path)
+    with open(tmp_path / "parity_2gpu.json") as f:
+        result = json.load(f)
+    assert result["ok"] and result["world_size"] == 2
+    assert result["tolerance"] == {"loss_abs": 1e-5, "logprob_mean_abs": 1e-5, "logprob_max_abs": 1e-5,
+                                   "grad_norm_rel": 1e-5}
+    for run in ("fsdp2", "sp2"):
+        check = result["checks"][run]
+        assert check["ok"] and check["loss_abs"] <= 1e-5 and check["grad_norm_rel"] <= 1e-5, check
+    assert result["results"]["sp2"]["ranks_agree"]
+    assert result["results"]["1gpu"]["grad_norm"] > 0 and result["results"]["1gpu"]["pg_loss"] != 0
