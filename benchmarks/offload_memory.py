@@ -11,8 +11,8 @@ reference log-probs → GRPO advantages of random scores in [0, 1) → actor upd
   A `no_offload`: everything stays on the GPU.
   B `offload`: actor param_offload + optimizer_offload, reference param_offload.
 In the last step (Adam state exists only after the first update) it records memory_allocated when generation
-starts (what stays resident between phases; the engine is asleep), the peak of every phase (generation measured
-here, the others are the worker's perf/max_memory_allocated_gb/<phase>) and the step peak (max over phases).
+starts (what stays resident between phases; the engine is asleep), the peak of every phase (the worker's
+perf/max_memory_allocated_gb/<phase>, reset per phase) and the step peak (max over phases).
 
 The arithmetic: N parameters, fp32 master weights (fsdp_config.model_dtype) and Adam's m and v (fp32) cost
 N × (4 + 8) bytes for the actor and N × 4 for the fp32 reference; offload takes them off the GPU between phases,
@@ -49,7 +49,7 @@ SHAPES = {
              "intermediate_size": 128, "vocab_size": 512},
 }
 VARIANTS = ("no_offload", "offload")
-PHASES = ("gen", "actor_infer", "ref", "actor")  # the step's order; the last three are the worker's metric names
+PHASES = ("gen", "actor_infer", "ref", "actor")  # the step's order, named as the worker's metrics name them
 PHASE_LABELS = {"gen": "generate", "actor_infer": "old log-probs", "ref": "ref log-probs", "actor": "update"}
 
 
@@ -127,15 +127,11 @@ def grpo_step(worker, cfg, step: int) -> dict:
     prompts = prompts.repeat(n, interleave=True)  # the trainer repeats, the engine samples once per row
     prompts.meta_info.update(do_sample=True, seed=step)
     record = {"step": step, "resident_at_gen_gib": _allocated_gib(device), "phase_peak_gib": {}, "timing_s": {}}
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     batch = worker.generate_sequences(prompts)
     record["timing_s"]["gen"] = time.perf_counter() - start
-    if device.type == "cuda":
-        record["phase_peak_gib"]["gen"] = torch.cuda.max_memory_allocated(device) / GIB
+    metrics = batch.meta_info.pop("metrics")
     batch.non_tensor_batch["uid"] = np.repeat(np.arange(len(prompts) // n), n).astype(str)
-    metrics = {}
     start = time.perf_counter()
     old = worker.compute_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
     record["timing_s"]["actor_infer"] = time.perf_counter() - start
@@ -156,7 +152,7 @@ def grpo_step(worker, cfg, step: int) -> dict:
     out = worker.update_actor(batch.select([*LOG_PROB_INPUTS, "old_log_probs", "advantages", "ref_log_prob"], [], []))
     record["timing_s"]["actor"] = time.perf_counter() - start
     metrics.update(out.meta_info["metrics"])
-    for phase in PHASES[1:]:
+    for phase in PHASES:
         if MEMORY_PREFIX + phase in metrics:
             record["phase_peak_gib"][phase] = metrics[MEMORY_PREFIX + phase]
     record["resident_after_update_gib"] = _allocated_gib(device)
