@@ -172,9 +172,11 @@ def main() -> int:
     actor = build_actor(path, kind, device, mesh=own_mesh)
     log_probs, _ = actor.compute_log_prob(data, None, True, BATCH[kind]["max_tokens"])
     log_probs = log_probs.float().cpu()
-    # old log-probs near the model's own (ratios ≈ 1, a few clipped), the same on every rank
+    # old log-probs near the model's own (ratios ≈ 1, a few clipped): rank 0's, so every run scores the same batch
     noise = torch.randn(log_probs.shape, generator=torch.Generator().manual_seed(2)) * 0.1
-    data.batch["old_log_probs"] = (log_probs + noise) * mask
+    old = ((log_probs + noise) * mask).to(device)
+    dist.broadcast(old, src=0)
+    data.batch["old_log_probs"] = old.cpu()
     metrics = actor.update_policy(data, rows, None)
     results["1gpu"] = {"log_probs": log_probs, "pg_loss": metrics["actor/pg_loss"],
                        "grad_norm": metrics["actor/grad_norm"]}
