@@ -110,3 +110,30 @@ def test_step_memory_peak_is_the_largest_phase_peak():
     phases = {"perf/max_memory_allocated_gb/actor": 30.5, "perf/max_memory_allocated_gb/actor_infer": 12.0,
               "perf/mfu/actor": 0.4}
     assert step_memory_peak(phases) == {"perf/max_memory_allocated_gb": 30.5}
+
+
+def test_generation_peak_memory_enters_the_step_peak(one_rank, tiny_model_dir, tmp_path, monkeypatch):
+    """generate_sequences reports perf/max_memory_allocated_gb/gen like the other phases: the rollout (engine weights
+    and KV cache on top of the resident training state) is often the step's peak, which step_memory_peak must see.
+    On the CPU there is no peak to read, so the timer is given one per phase: 3 GiB for generation, 1 GiB after."""
+    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+
+    peaks = iter([3 * 2**30] + [2**30] * 10)
+
+    @contextmanager
+    def measure_with_peak(self):
+        yield self
+        self.peak_bytes = next(peaks)
+
+    monkeypatch.setattr(perf.PhaseTimer, "measure", measure_with_peak)
+    cfg = make_config(tiny_model_dir, tmp_path, tmp_path, "trainer.n_gpus_per_node=1")
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    worker.init_model()
+    prompts = _batch(rows=4).select(["input_ids", "attention_mask", "position_ids"], [], [])
+    prompts = DataProto({k: v[:, :6] for k, v in prompts.batch.items()}, meta_info={"do_sample": False})
+    out = worker.generate_sequences(prompts)
+    assert out.meta_info["metrics"] == {"perf/max_memory_allocated_gb/gen": 3.0}
+    data = _batch(rows=4)
+    update = worker.update_actor(data).meta_info["metrics"]
+    assert update["perf/max_memory_allocated_gb/actor"] == 1.0
+    assert step_memory_peak({**out.meta_info["metrics"], **update}) == {"perf/max_memory_allocated_gb": 3.0}

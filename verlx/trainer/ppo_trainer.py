@@ -263,6 +263,8 @@ class RayPPOTrainer:
         with timed("gen", timing):
             gen_out = self._generate(batch.select(list(GEN_INPUTS), [], []), do_sample=True)
         metrics.update(gen_out.meta_info.pop("timing", {}))
+        for key, value in gen_out.meta_info.pop("metrics", {}).items():  # DAPO may generate more than once
+            metrics[key] = max(value, metrics.get(key, value))
         if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
             with timed("gen_max", timing):
                 batch.batch["reward_baselines"] = self._greedy_baseline(batch)
@@ -311,6 +313,7 @@ class RayPPOTrainer:
         prompts = batch[torch.arange(0, len(batch), n)]  # rows are interleaved: one row per prompt
         gen_out = self._generate(prompts.select(list(GEN_INPUTS), [], []), do_sample=False)
         gen_out.meta_info.pop("timing", None)
+        gen_out.meta_info.pop("metrics", None)
         greedy = prompts.select(batch_keys=[], non_tensor_batch_keys=None, meta_info_keys=[])
         greedy.union(gen_out)
         return self.reward_fn(greedy).token_level_scores.sum(-1).repeat_interleave(n)

@@ -36,6 +36,7 @@ class Validator:
                                      "seed": self.config.actor_rollout_ref.rollout.seed})
             out = self.wg.generate_sequences(gen_in).unpad(pad)
             out.meta_info.pop("timing", None)
+            out.meta_info.pop("metrics", None)
             batch.pop(batch_keys=list(GEN_INPUTS))
             batch.union(out)
             result = self.reward_fn(batch)

@@ -198,25 +198,29 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"role {self.role} has no rollout engine")
         timing = {}
         start = time.perf_counter()
-        if self.engine_asleep:
-            self.engine.wake_up(("weights",))
-        if self.engine_weights_stale:
-            if not self.is_actor:
-                raise RuntimeError("the rollout engine needs weights from an actor in the same worker")
-            with self._on_device(actor=True):
-                timing["timing_s/update_weights"] = self._push_weights()
-        if self.engine_asleep:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
-            self.engine.wake_up(("kv_cache",))
-        gen_start = time.perf_counter()
-        out = self.engine.generate(prompts)
-        timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
-        if self.config.actor_rollout_ref.rollout.free_cache_engine:
-            self.engine.sleep()
-            self.engine_asleep = True
+        timer = PhaseTimer(self.device)
+        with timer.measure():
+            if self.engine_asleep:
+                self.engine.wake_up(("weights",))
+            if self.engine_weights_stale:
+                if not self.is_actor:
+                    raise RuntimeError("the rollout engine needs weights from an actor in the same worker")
+                with self._on_device(actor=True):
+                    timing["timing_s/update_weights"] = self._push_weights()
+            if self.engine_asleep:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
+                self.engine.wake_up(("kv_cache",))
+            gen_start = time.perf_counter()
+            out = self.engine.generate(prompts)
+            timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
+            if self.config.actor_rollout_ref.rollout.free_cache_engine:
+                self.engine.sleep()
+                self.engine_asleep = True
         timing["timing_s/rollout_worker"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
+        # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
+        out.meta_info["metrics"] = phase_metrics("gen", self.hf_config, [], timer)
         return out
 
     # ------------------------------------------------------------------ log-probs
