@@ -159,11 +159,15 @@ def run_shape(shape: str, args) -> list[dict]:
     for mode in args.modes.split(","):
         packed = mode.startswith("packed")
         cfg = ActorConfig(ppo_mini_batch_size=args.mini_batch, use_dynamic_bsz=packed,
-                          ppo_max_token_len_per_gpu=budget, logprob_chunk_size=args.chunk)
+                          ppo_max_token_len_per_gpu=budget,
+                          logprob_chunk_size=args.compile_chunk if mode.endswith("compile") else args.chunk)
         cfg.optim.lr = 1e-6
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        actor, hf_config = build_actor(shape, packed, cfg, args.gradient_checkpointing, mode.endswith("compile"))
+        compiled = mode.endswith("compile")
+        if compiled:
+            torch._dynamo.reset()  # a trainer process compiles one model shape: do not reuse another shape's graphs
+        actor, hf_config = build_actor(shape, packed, cfg, args.gradient_checkpointing, compiled)
         seconds = time_updates(actor, data, args.mini_batch, None if packed else rows, args.warmup, args.steps)
         achieved, peak = estimate_flops(hf_config, seq_lens, seconds)
         row = {
@@ -176,7 +180,7 @@ def run_shape(shape: str, args) -> list[dict]:
         }
         if packed:
             row["attention_kernel"] = attention_kernel_name(hf_config)
-            row["logprob_seconds_per_update"] = log_prob_seconds(hf_config, data, args.chunk)
+            row["logprob_seconds_per_update"] = log_prob_seconds(hf_config, data, cfg.logprob_chunk_size)
         rows_out.append(row)
         print(json.dumps(row), flush=True)
         del actor
@@ -238,10 +242,11 @@ def main() -> None:
     parser.add_argument("--modes", default="padded,packed,packed+compile")
     parser.add_argument("--packed-tokens-per-micro", type=int, default=0,
                         help="token budget of the packed modes' micro-batches (0: the padded mode's token slots)")
-    parser.add_argument("--chunk", type=int, default=8192,
-                        help="tokens per log-softmax chunk in the updates (actor.logprob_chunk_size)")
-    parser.add_argument("--memory-chunk", type=int, default=4096,
-                        help="chunk of the log-prob memory measurement (the config default)")
+    parser.add_argument("--chunk", type=int, default=2048,
+                        help="tokens per log-softmax chunk in the eager updates (actor.logprob_chunk_size)")
+    parser.add_argument("--compile-chunk", type=int, default=8192,
+                        help="the same for packed+compile (fused chunk kernels favour larger chunks)")
+    parser.add_argument("--memory-chunk", type=int, default=2048, help="chunk of the log-prob memory measurement")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--memory-tokens", type=int, default=16384)
