@@ -103,6 +103,13 @@ def gathered_log_probs(actor, batch: DataProto) -> torch.Tensor:
     return lp.cpu()
 
 
+def report(out: dict, rank: int, name: str, result: dict) -> None:
+    """Record a check and print it at once (rank 0), so a later failure does not hide the earlier results."""
+    out["checks"][name] = result
+    if rank == 0:
+        print("CHECK " + name + " " + json.dumps(result), flush=True)
+
+
 def main() -> None:
     dist.init_process_group("nccl")
     rank = dist.get_rank()
@@ -128,8 +135,9 @@ def main() -> None:
         lp = gathered_log_probs(actor, batch)
         out["timings_s"][f"{name}_logprob"] = time.perf_counter() - t
         diff = (lp - ref).abs()[mask]
-        out["checks"][f"{name}_logprob_parity"] = {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()),
-                                                   "ok": float(diff.mean()) < TOL}
+        mean_diff = float(diff.mean())
+        report(out, rank, f"{name}_logprob_parity", {"mean_abs_diff": mean_diff, "max_abs_diff": float(diff.max()),
+                                                      "ok": mean_diff < TOL})
 
     advantages = torch.randn(B, RESP, generator=torch.Generator().manual_seed(2))
     data = batch.union(DataProto({"old_log_probs": ref, "advantages": advantages}))
@@ -139,11 +147,15 @@ def main() -> None:
         t = time.perf_counter()
         metrics = actor.update_policy(data, B, 4)
         out["timings_s"][f"{name}_update"] = time.perf_counter() - t
+        holder = [metrics]  # metrics live on the last pipeline stage (the last rank in both layouts)
+        dist.broadcast_object_list(holder, src=dist.get_world_size() - 1)
+        metrics = holder[0]
         changed = sum(not torch.equal(before[n], p.detach()) for n, p in chunks[0].named_parameters())
         loss = metrics.get("actor/pg_loss", float("nan"))
-        out["checks"][f"{name}_grpo_update"] = {"pg_loss": loss, "grad_norm": metrics.get("actor/grad_norm"),
-                                                "params_changed": changed, "params": len(before),
-                                                "ok": bool(torch.isfinite(torch.tensor(loss))) and changed == len(before)}
+        ok = bool(torch.isfinite(torch.tensor(loss))) and changed == len(before)
+        report(out, rank, f"{name}_grpo_update", {"pg_loss": loss, "grad_norm": metrics.get("actor/grad_norm"),
+                                                  "params_changed": changed, "params": len(before), "ok": ok,
+                                                  "seconds": out["timings_s"][f"{name}_update"]})
 
     from verlx.workers.megatron.checkpoint import MegatronCheckpointManager, export_megatron_checkpoint
     from transformers import AutoConfig
@@ -159,8 +171,8 @@ def main() -> None:
         out["timings_s"]["export_to_hf"] = time.perf_counter() - t
         exported = reference_log_probs(os.path.join(root, "exported"), batch)
         diff = (exported - after).abs()[mask]
-        out["checks"]["export_parity"] = {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()),
-                                          "ok": float(diff.mean()) < TOL}
+        report(out, rank, "export_parity", {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()),
+                                            "ok": float(diff.mean()) < TOL})
         print(f"{'check':<22} {'ok':<5} details")
         for name, res in out["checks"].items():
             details = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()

@@ -47,7 +47,12 @@ def _worker(rank: int, tmp: str) -> None:
         lp, ent = chunks[0].log_probs(chunks[0](aligned.input_ids), aligned, 0.8, 4, True)
         ref, ref_ent = PolicyModel(hf.eval())(ids, mask, pos, response_length=6, temperature=0.8, with_entropy=True)
     valid = mask[:, 6:].bool()
-    torch.save({"dlogp": (lp - ref).abs()[valid].max(), "dent": (ent - ref_ent).abs()[valid].max()},
+    # what megatron's finalize_model_grads all-reduces between the first and last stage when PP > 1
+    from megatron.core.distributed.finalize_model_grads import _get_shared_word_embedding_weight
+
+    shared = _get_shared_word_embedding_weight(chunks[0], chunks[0].config)
+    tied = shared is chunks[0].gpt.embedding.word_embeddings.weight
+    torch.save({"dlogp": (lp - ref).abs()[valid].max(), "dent": (ent - ref_ent).abs()[valid].max(), "tied": tied},
                os.path.join(tmp, "out.pt"))
     dist.destroy_process_group()
 
@@ -58,3 +63,4 @@ def test_megatron_chunk_matches_hf_log_probs():
         out = torch.load(os.path.join(tmp, "out.pt"))
     # Qwen3: GQA, q/k norm, head_dim 16 ≠ 64/4, tied embeddings; fp32 on CPU agrees to rounding
     assert out["dlogp"] < 1e-5 and out["dent"] < 1e-5
+    assert out["tied"]  # the chunk exposes its tied embedding to megatron's gradient finalisation

@@ -83,6 +83,15 @@ class RLModelChunk(MegatronModule):
     def set_input_tensor(self, input_tensor) -> None:
         self.gpt.set_input_tensor(input_tensor)
 
+    # megatron's finalize_model_grads reads these from the pipeline's first and last chunk (PP > 1) to all-reduce
+    # the gradient of tied embeddings between the two stages
+    @property
+    def share_embeddings_and_output_weights(self) -> bool:
+        return self.gpt.share_embeddings_and_output_weights
+
+    def shared_embedding_or_output_weight(self) -> torch.Tensor:
+        return self.gpt.shared_embedding_or_output_weight()
+
     def _rotary(self, seq_len: int, device: torch.device) -> torch.Tensor:
         inv_freq = self.gpt.rotary_pos_emb.inv_freq.to(device)
         freqs = torch.outer(torch.arange(seq_len, device=device, dtype=inv_freq.dtype), inv_freq)
