@@ -77,6 +77,9 @@ class ActorRolloutRefWorker(Worker):
         if self.is_actor:
             fsdp = arr.actor.fsdp_config
             self.lora = arr.model.lora_rank > 0
+            if self.lora and self.is_rollout and self.rank == 0:
+                logger.info("LoRA: the %s rollout engine receives the actor's weights with the adapters merged in "
+                            "at every push (no engine here loads adapters separately)", arr.rollout.name)
             module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype), sp_group=sp_group,
                                  with_lora=self.lora)
             compile_for_training(module, arr.actor.use_torch_compile, self.device)
