@@ -15,6 +15,7 @@ Results are printed as a table and written as JSON to --json (default: $OUT/roll
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -104,10 +105,7 @@ def copy_bandwidth(gib: float = 1.0) -> float:
     src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    best = float("inf")
-    for _ in range(10):
-        _, t = timed(lambda: dst.copy_(src))
-        best = min(best, t)
+    best = min(timed(functools.partial(dst.copy_, src))[1] for _ in range(10))
     del src, dst
     free_memory()
     return 2 * n * 2 / best
