@@ -48,6 +48,15 @@ class EchoWorker(Worker):
         return self.rank
 
     @register(Dispatch.ONE_TO_ALL)
+    def peer_dies_after_error(self, victim: int, delay_s: float):
+        """`victim` exits hard `delay_s` after the others fail: the order in which a survivor's collective error
+        (gloo's "connection reset by peer") can reach the driver before the death does."""
+        if self.rank == victim:
+            time.sleep(delay_s)
+            os._exit(1)
+        raise RuntimeError("Read error: Connection reset by peer")
+
+    @register(Dispatch.ONE_TO_ALL)
     def fail_on(self, rank: int):
         if self.rank == rank:
             raise ValueError(f"deliberate failure on rank {rank}")

@@ -138,6 +138,18 @@ def test_killed_worker_is_named(ray_cpu):
     pool.release()
 
 
+def test_collateral_error_of_a_dead_peer_reports_the_death(ray_cpu):
+    """Rank 0's call fails first (its collective lost a peer); rank 1 dies 0.5 s later. The driver must report the
+    death (which triggers trainer.max_restarts), not rank 0's collateral error."""
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="peer")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name="peer")
+    with pytest.raises(WorkerDiedError) as info:
+        group.peer_dies_after_error(1, 0.5)
+    assert info.value.rank == 1
+    group.shutdown()
+    pool.release()
+
+
 def test_tensor_parallel_peers_share_a_shard_and_one_returns(ray_cpu):
     pool = RayResourcePool([4], use_gpu=False, name_prefix="tp")
     group = RayWorkerGroup(pool, RayClassWithInitArgs(TensorParallelWorker, tp=2), name="tp")

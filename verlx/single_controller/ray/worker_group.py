@@ -15,6 +15,7 @@ from verlx.single_controller.errors import PhaseTimeoutError, WorkerCallError, W
 from verlx.single_controller.ray.resource_pool import RayResourcePool
 from verlx.single_controller.ray.stacks import dump_stacks
 
+_PEER_DEATH_GRACE_S = 5.0  # how long a failed call waits for its peers to report a death
 _POLL_S = 0.5
 
 
@@ -197,7 +198,11 @@ class RayWorkerGroup:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait_s)
             for ref in ready:
                 position = pending.pop(ref)
-                results[position] = self._result_or_raise(method, ranks[position], ref)
+                try:
+                    results[position] = self._result_or_raise(method, ranks[position], ref)
+                except WorkerCallError:
+                    self._raise_if_a_peer_died(method, ranks, pending)
+                    raise
             if pending and deadline is not None and time.monotonic() >= deadline:
                 running = sorted(ranks[p] for p in pending.values())
                 self._raise_if_any_died(method, running)
@@ -215,6 +220,23 @@ class RayWorkerGroup:
             raise WorkerCallError(self.name, method, rank, str(e)) from cause
         except (ActorDiedError, RayActorError, ActorUnavailableError) as e:
             raise WorkerDiedError(self.name, method, rank, _first_line(str(e))) from None
+
+    def _raise_if_a_peer_died(self, method: str, ranks: list[int], pending: dict) -> None:
+        """A rank whose collective failed (gloo "connection reset", NCCL errors) is usually collateral damage of a
+        peer that died: give the other ranks' calls a moment to report a death, and report that instead."""
+        others = dict(pending)
+        deadline = time.monotonic() + _PEER_DEATH_GRACE_S
+        while others and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(others), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                rank = ranks[others.pop(ref)]
+                try:
+                    ray.get(ref)
+                except (ActorDiedError, RayActorError, ActorUnavailableError) as e:
+                    raise WorkerDiedError(self.name, method, rank, _first_line(str(e))) from None
+                except RayTaskError as e:
+                    if isinstance(e.cause, (ActorDiedError, RayActorError)):
+                        raise WorkerDiedError(self.name, method, rank, _first_line(str(e.cause))) from None
 
     def _raise_if_any_died(self, method: str, ranks: list[int]) -> None:
         """A rank stuck in a collective often means a peer died: report the death rather than the hang."""
