@@ -35,21 +35,9 @@ def _policy():
 
 def _rank_batch(rank: int):
     """8 rows per rank with rank-specific lengths; the actor's data layout."""
-    from verlx.protocol import DataProto
+    from helpers.ppo_batches import ragged_ppo_batch
 
-    g = torch.Generator().manual_seed(100 + rank)
-    prompt, response, rows = 6, 5, 8
-    ids = torch.randint(1, 61, (rows, prompt + response), generator=g)
-    p = torch.randint(1, prompt + 1, (rows,), generator=g)
-    r = torch.randint(1, response + 1, (rows,), generator=g)
-    cols = torch.arange(prompt + response)
-    mask = ((cols >= prompt - p[:, None]) & (cols < prompt + r[:, None])).long()
-    rmask = mask[:, prompt:]
-    return DataProto({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                      "responses": ids[:, prompt:], "response_mask": rmask,
-                      "old_log_probs": -torch.rand(rows, response, generator=g) * rmask,
-                      "advantages": torch.randn(rows, response, generator=g) * rmask},
-                     meta_info={"temperature": 1.0})
+    return ragged_ppo_batch(100 + rank, token_range=(1, 61), meta_info={"temperature": 1.0})
 
 
 def _deferred_reduce_case(rank: int) -> None:

@@ -8,10 +8,10 @@ import warnings
 from contextlib import contextmanager
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from helpers.e2e import make_config
+from helpers.ppo_batches import ragged_ppo_batch
 from verlx.protocol import DataProto
 from verlx.trainer.perf_metrics import step_memory_peak
 from verlx.utils.flops import dense_decoder_flops
@@ -43,20 +43,8 @@ def one_rank(monkeypatch):
         dist.destroy_process_group()
 
 
-def _batch(rows: int = 8, prompt: int = 6, response: int = 5) -> DataProto:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 20, (rows, prompt + response), generator=g)
-    p = torch.randint(1, prompt + 1, (rows,), generator=g)
-    r = torch.randint(1, response + 1, (rows,), generator=g)
-    cols = torch.arange(prompt + response)
-    mask = ((cols >= prompt - p[:, None]) & (cols < prompt + r[:, None])).long()
-    rmask = mask[:, prompt:]
-    return DataProto({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                      "responses": ids[:, prompt:], "response_mask": rmask,
-                      "old_log_probs": -torch.rand(rows, response, generator=g) * rmask,
-                      "advantages": torch.randn(rows, response, generator=g) * rmask,
-                      "values": torch.randn(rows, response, generator=g) * rmask,
-                      "returns": torch.randn(rows, response, generator=g) * rmask})
+def _batch(rows: int = 8) -> DataProto:
+    return ragged_ppo_batch(0, rows=rows, critic=True)
 
 
 def _mfu(hf_config, seq_lens, forward_only=False) -> float:
