@@ -6,27 +6,14 @@ this class writes the contents of one role's sub-directory.
 
 from __future__ import annotations
 
-import logging
 import os
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from verlx.models.lora import is_lora_model
-from verlx.utils.seeding import rng_state, set_rng_state
-
-logger = logging.getLogger(__name__)
-HF_SUBDIR = "huggingface"
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+from verlx.workers.checkpoint_state import load_rank_state, save_hf_metadata, save_rank_state
 
 
 class FSDPCheckpointManager:
@@ -38,17 +25,11 @@ class FSDPCheckpointManager:
         os.makedirs(path, exist_ok=True)
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
-        extra = {"lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None, "rng": rng_state(),
-                 "world_size": _world()}
-        torch.save(extra, os.path.join(path, f"extra_rank{_rank()}.pt"))
-        if _rank() == 0 and self.hf_config is not None:
-            hf_dir = os.path.join(path, HF_SUBDIR)
-            self.hf_config.save_pretrained(hf_dir)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(hf_dir)
-            hf_model = getattr(self.module, "hf_model", None)
-            if hf_model is not None and is_lora_model(hf_model):  # the merger rebuilds the adapters from this
-                hf_model.peft_config["default"].save_pretrained(hf_dir)
+        save_rank_state(path, self.lr_scheduler)
+        hf_dir = save_hf_metadata(path, self.hf_config, self.tokenizer)
+        hf_model = getattr(self.module, "hf_model", None)
+        if hf_dir is not None and hf_model is not None and is_lora_model(hf_model):  # the merger rebuilds adapters
+            hf_model.peft_config["default"].save_pretrained(hf_dir)
         if dist.is_initialized():
             dist.barrier()
 
@@ -61,17 +42,4 @@ class FSDPCheckpointManager:
         dcp.load(state, checkpoint_id=dcp_dir)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=StateDictOptions(strict=True))
-        extra_path = os.path.join(path, f"extra_rank{_rank()}.pt")
-        if not os.path.exists(extra_path):
-            # a different world size: the scheduler is the same on every rank; RNG streams cannot be recovered
-            logger.warning("%s missing (checkpoint from another world size); using rank 0's scheduler state and "
-                           "fresh RNG state for this rank", extra_path)
-            extra_path = os.path.join(path, "extra_rank0.pt")
-            extra = torch.load(extra_path, weights_only=False)
-            extra.pop("rng", None)
-        else:
-            extra = torch.load(extra_path, weights_only=False)
-        if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
-            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        if "rng" in extra:
-            set_rng_state(extra["rng"])
+        load_rank_state(path, self.lr_scheduler)

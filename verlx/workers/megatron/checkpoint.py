@@ -10,23 +10,16 @@ Layout of a role's directory (the same names as the FSDP backend's, so the drive
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 import torch
 import torch.distributed as dist
 
-from verlx.utils.seeding import rng_state, set_rng_state
+from verlx.workers.checkpoint_state import HF_SUBDIR, load_rank_state, save_hf_metadata, save_rank_state
 from verlx.workers.megatron.architectures import model_dims
 from verlx.workers.megatron.weight_layout import is_tied_copy, param_specs, split_to_hf, te_name
 
-logger = logging.getLogger(__name__)
-HF_SUBDIR = "huggingface"
 DIST_SUBDIR = "dcp"
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 class MegatronCheckpointManager:
@@ -46,13 +39,8 @@ class MegatronCheckpointManager:
 
         os.makedirs(os.path.join(path, DIST_SUBDIR), exist_ok=True)
         dist_checkpointing.save(self._sharded(is_loading=False), os.path.join(path, DIST_SUBDIR))
-        extra = {"lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None, "rng": rng_state()}
-        torch.save(extra, os.path.join(path, f"extra_rank{_rank()}.pt"))
-        if _rank() == 0 and self.hf_config is not None:
-            hf_dir = os.path.join(path, HF_SUBDIR)
-            self.hf_config.save_pretrained(hf_dir)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(hf_dir)
+        save_rank_state(path, self.lr_scheduler)
+        save_hf_metadata(path, self.hf_config, self.tokenizer)
         if dist.is_initialized():
             dist.barrier()
 
@@ -67,18 +55,7 @@ class MegatronCheckpointManager:
             chunk.load_state_dict(state[f"model{i}"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
-        extra_path = os.path.join(path, f"extra_rank{_rank()}.pt")
-        if not os.path.exists(extra_path):
-            logger.warning("%s missing (checkpoint from another world size); using rank 0's schedule state and "
-                           "fresh RNG state", extra_path)
-            extra = torch.load(os.path.join(path, "extra_rank0.pt"), weights_only=False)
-            extra.pop("rng", None)
-        else:
-            extra = torch.load(extra_path, weights_only=False)
-        if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
-            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        if "rng" in extra:
-            set_rng_state(extra["rng"])
+        load_rank_state(path, self.lr_scheduler)
 
 
 # ---------------------------------------------------------------------- export to HF
