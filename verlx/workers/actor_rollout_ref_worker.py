@@ -63,12 +63,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> dict:
         cfg = self.config
         arr = cfg.actor_rollout_ref
-        init_distributed(timeout_s=arr.nccl_timeout)
-        seed_everything(cfg.trainer.seed + self.rank)
-        model_path = expand_path(arr.model.path)
-        self.tokenizer = load_tokenizer(arr.model.tokenizer_path or model_path, arr.model.trust_remote_code,
-                                        arr.model.custom_chat_template)
-        self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
+        model_path = self._init_process_and_model_metadata()
         on_gpu = self.device.type == "cuda"
         import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
         sp_group, dp_size = self._init_sequence_parallel()
@@ -112,6 +107,19 @@ class ActorRolloutRefWorker(Worker):
             if offloader is not None:
                 offloader.offload()
         return {"rank": self.rank, "device": str(self.device)}
+
+    def _init_process_and_model_metadata(self) -> str:
+        """What every backend's init_model starts with: the process group, seeds, tokenizer and HF config; returns
+        the expanded model path."""
+        cfg = self.config
+        arr = cfg.actor_rollout_ref
+        init_distributed(timeout_s=arr.nccl_timeout)
+        seed_everything(cfg.trainer.seed + self.rank)
+        model_path = expand_path(arr.model.path)
+        self.tokenizer = load_tokenizer(arr.model.tokenizer_path or model_path, arr.model.trust_remote_code,
+                                        arr.model.custom_chat_template)
+        self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
+        return model_path
 
     def _on_device(self, actor: bool = False, ref: bool = False, optimizer: bool = False) -> ExitStack:
         """The offloaded parts a phase computes with, on the device for the `with` block (no-ops without offload).

@@ -21,7 +21,6 @@ from verlx.utils.dtypes import torch_dtype
 from verlx.workers.fsdp.model_builder import expand_path, load_hf_config
 from verlx.workers.megatron import require_megatron_core
 from verlx.workers.megatron.architectures import model_dims
-from verlx.workers.tokenizer import load_tokenizer
 
 
 def _declare_data_parallel(worker) -> None:
@@ -50,12 +49,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         require_megatron_core()
         cfg = self.config
         arr = cfg.actor_rollout_ref
-        init_distributed(timeout_s=arr.nccl_timeout)
-        seed_everything(cfg.trainer.seed + self.rank)
-        model_path = expand_path(arr.model.path)
-        self.tokenizer = load_tokenizer(arr.model.tokenizer_path or model_path, arr.model.trust_remote_code,
-                                        arr.model.custom_chat_template)
-        self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
+        model_path = self._init_process_and_model_metadata()
         self.dims = model_dims(self.hf_config)
         mcfg = arr.actor.megatron
         self.layout = layout_for(mcfg, self.world_size, self.dims)
