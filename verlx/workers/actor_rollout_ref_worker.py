@@ -14,7 +14,7 @@ from verlx.models.ulysses import check_ulysses, sequence_parallel_group
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
 from verlx.models.lora import lora_scaling, merged_weights
-from verlx.rollout.weight_sync import gather_full, iter_buckets, iter_engine_weights
+from verlx.rollout.weight_sync import gather_full, iter_engine_weights
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.distributed import init_distributed
 from verlx.utils.dtypes import torch_dtype
@@ -188,18 +188,15 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ rollout
     def _push_weights(self) -> float:
-        """Stream the actor's full weights into the engine, bucket by bucket; returns seconds taken."""
+        """Stream the actor's full weights into the engine as one push (the engine buckets them and knows when
+        every parameter has arrived); returns seconds taken."""
         start = time.perf_counter()
-        rollout = self.config.actor_rollout_ref.rollout
         dtype = self.engine_ctx.engine_dtype
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         state = ((k.removeprefix("hf_model."), v) for k, v in self.actor.module.state_dict().items())
         if self.lora:  # engines get plain HF weights with the adapters merged in
             state = merged_weights(gather_full(state), lora_scaling(self.actor.module.hf_model))
-        named = iter_engine_weights(state, dtype, tied, device=self.device)
-        bucket_bytes = rollout.update_weights_bucket_megabytes << 20
-        for bucket in iter_buckets(named, bucket_bytes):
-            self.engine.update_weights(bucket)
+        self.engine.update_weights(iter_engine_weights(state, dtype, tied, device=self.device))
         self.engine_weights_stale = False
         return time.perf_counter() - start
 
