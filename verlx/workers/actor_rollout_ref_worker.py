@@ -228,8 +228,16 @@ class ActorRolloutRefWorker(Worker):
         timing["timing_s/rollout_worker"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
         # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
-        out.meta_info["metrics"] = phase_metrics("gen", self.hf_config, [], timer)
+        out.meta_info["metrics"] = {**phase_metrics("gen", self.hf_config, [], timer), **self._asleep_memory()}
         return out
+
+    def _asleep_memory(self) -> dict[str, float]:
+        """Device memory outside this worker's torch allocator once the engine sleeps: what the sleeping engine
+        keeps (its processes' contexts, CUDA graphs, pools) plus the CUDA/NCCL contexts; training memory excluded."""
+        if self.device.type != "cuda" or not self.engine_asleep:
+            return {}
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"rollout/engine_asleep_gb": (total - free - torch.cuda.memory_reserved(self.device)) / 2**30}
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_batching(self, use_ref: bool):
