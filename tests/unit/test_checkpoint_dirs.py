@@ -65,8 +65,17 @@ def test_disable_ignores_checkpoints(tmp_path):
 def test_prune_keeps_the_newest(tmp_path):
     for s in (1, 2, 3):
         make_complete(tmp_path, s)
-    assert checkpointing.prune(str(tmp_path), 2) == [1]
+    assert checkpointing.prune(str(tmp_path), 2, newest=3) == [1]
     assert checkpointing.complete_steps(str(tmp_path)) == [2, 3]
+
+
+def test_prune_never_deletes_the_checkpoint_just_saved_for_newer_ones(tmp_path):
+    """A run resumed from step 2 (step 4 damaged, or resume_from_path chose an older one) saves step 3: the
+    checkpoints it counts are its own and older ones, not step 4, which it will replace when it gets there."""
+    for s in (1, 2, 3, 4):
+        make_complete(tmp_path, s)
+    assert checkpointing.prune(str(tmp_path), 1, newest=3) == [1, 2]
+    assert checkpointing.complete_steps(str(tmp_path)) == [3, 4]
 
 
 def test_nonfinite_gradients_skip_the_step_and_stop_after_n_in_a_row():

@@ -145,11 +145,13 @@ def finalize(tmp_dir: str, root: str, step: int, use_critic: bool) -> str:
     return final
 
 
-def prune(root: str, keep: int | None) -> list[int]:
-    """Delete the oldest complete checkpoints beyond `keep`; returns the removed steps."""
+def prune(root: str, keep: int | None, newest: int) -> list[int]:
+    """Keep the `keep` newest complete checkpoints up to step `newest` (the one just saved), delete older ones;
+    returns the removed steps. Checkpoints past `newest` (left by an earlier run: a damaged one that was skipped,
+    or newer ones than an explicit resume_from_path) are not counted, so the one just saved is never deleted."""
     if not keep or keep <= 0:
         return []
-    steps = complete_steps(root)
+    steps = [s for s in complete_steps(root) if s <= newest]
     removed = steps[:-keep]
     for s in removed:
         shutil.rmtree(step_dir(root, s), ignore_errors=True)

@@ -127,7 +127,7 @@ class RayPPOTrainer:
                  "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
         checkpointing.write_driver_state(tmp, state, dataclasses.asdict(self.config))
         final = checkpointing.finalize(tmp, root, self.global_step, self.use_critic)
-        checkpointing.prune(root, t.max_actor_ckpt_to_keep)
+        checkpointing.prune(root, t.max_actor_ckpt_to_keep, newest=self.global_step)
         return final
 
     def plan_resume(self) -> ResumePoint | None:
