@@ -109,6 +109,7 @@ class TrainerConfig:
     save_freq: int = -1
     resume_mode: str = "auto"
     resume_from_path: str | None = None
+    allow_finished_resume: bool = False
     val_before_train: bool = True
     val_only: bool = False
     test_freq: int = -1
