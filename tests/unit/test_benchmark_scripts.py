@@ -93,3 +93,14 @@ def test_parity_2gpu_cpu_mode_matches_one_rank_in_fp32(tmp_path):
         assert check["ok"] and check["loss_abs"] <= 1e-5 and check["grad_norm_rel"] <= 1e-5, check
     assert result["results"]["sp2"]["ranks_agree"]
     assert result["results"]["1gpu"]["grad_norm"] > 0 and result["results"]["1gpu"]["pg_loss"] != 0
+
+
+def test_reward_overhead_runs_and_counts_the_hung_samples(tmp_path):
+    proc = _run([sys.executable, "benchmarks/reward_overhead.py", "--samples", "64", "--repeats", "1",
+                 "--hung", "2", "--timeout", "1"], tmp_path)
+    with open(tmp_path / "reward_overhead.json") as f:
+        result = json.load(f)
+    assert result["samples"] == 64 and result["workers"] == 2
+    assert result["hung"]["samples"] == 2 and result["hung"]["timeouts"] == 2
+    assert result["pool_s"]["median"] > 0 and result["driver_s"]["median"] > 0
+    assert "2 hung samples, reward.timeout_s=1" in proc.stdout

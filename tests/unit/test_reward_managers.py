@@ -332,16 +332,17 @@ def test_a_reward_file_that_breaks_in_the_workers_fails_at_start(tmp_path, token
         NaiveRewardManager(tokenizer, fn, config=RewardConfig(num_workers=1))
 
 
-def test_per_step_overhead_is_small(tokenizer):
-    """1,024 GSM8K-style samples through 2 scoring processes: the isolation costs milliseconds, not seconds."""
+def test_a_large_batch_goes_through_the_warm_pool(tokenizer):
+    """1,024 GSM8K-style samples through 2 scoring processes: every sample scored, by the same processes as the
+    step before (none replaced). Speed is measured by benchmarks/reward_overhead.py, not asserted here."""
     batch = make_batch(tokenizer, ["#### 3", "#### 4"] * 512, ["3"] * 1024, source="openai/gsm8k")
     with NaiveRewardManager(tokenizer, config=RewardConfig(num_workers=2, timeout_s=10)) as manager:
         manager(batch)  # warm
-        start = time.perf_counter()
+        pids = {w.proc.pid for w in manager._pool._workers}
         result = manager(batch)
-        elapsed = time.perf_counter() - start
-    assert result.extra["score"].sum() == 512
-    assert elapsed < 1.0, f"scoring 1024 samples took {elapsed:.2f}s"
+        assert {w.proc.pid for w in manager._pool._workers} == pids and manager._pool.replacements == 0
+    assert result.extra["score"].tolist() == [1.0, 0.0] * 512
+    assert set(result.extra["reward_status"].tolist()) == {"ok"}
 
 
 ORPHAN_DRIVER = """
