@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
             fn = load_reward_function(CustomRewardFunctionConfig(path=path))
             half = (args.samples - args.hung) // 2
             texts = ["#### 3"] * half + ["hang"] * args.hung + ["#### 3"] * (args.samples - args.hung - half)
-            config = RewardConfig(num_workers=args.workers, timeout_s=args.timeout, max_error_fraction=1.0)
+            config = RewardConfig(num_workers=args.workers, timeout_s=args.timeout, max_error_fraction=1.0,
+                                  show_errors=0)
             with NaiveRewardManager(tokenizer, fn, config=config) as manager:
                 manager(make_batch(tokenizer, ["#### 3"] * 8))  # warm
                 start = time.perf_counter()

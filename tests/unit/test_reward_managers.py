@@ -178,6 +178,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
         return math.nan
     if solution_str == "sleep":
         time.sleep(1e9)
+    if solution_str == "slow":
+        time.sleep(0.2)
     if solution_str == "spin":
         while True:
             pass
@@ -223,6 +225,35 @@ def test_isolation_counts_marks_and_finishes_in_bounded_time(tmp_path, tokenizer
         assert pids() == reused
         procs = [w.proc for w in manager._pool._workers if w is not None]
     assert all(p.poll() is not None for p in procs), "close() must end the scoring processes"
+
+
+def test_consecutive_hung_samples_time_out_side_by_side(tmp_path, tokenizer):
+    """Six responses in a row that all hang (one prompt's group, say) cost about one timeout: each is handed to a
+    fresh process as soon as it runs far longer than samples usually take. Today's chunking gives all six to one
+    process; one after another they would take 6 timeouts (30 s)."""
+    fn = custom(tmp_path, MISBEHAVING)
+    texts = ["7"] * 8 + ["sleep"] * 6 + ["7"] * 50  # 64 samples on 2 processes: chunks of 8
+    timeout = 5.0
+    config = RewardConfig(num_workers=2, timeout_s=timeout, max_error_fraction=1.0)
+    with NaiveRewardManager(tokenizer, fn, config=config) as manager:
+        manager(make_batch(tokenizer, ["7"] * 8, ["7"] * 8))  # a step before: the pool knows how long samples take
+        start = time.perf_counter()
+        result = manager(make_batch(tokenizer, texts, ["7"] * len(texts)))
+        elapsed = time.perf_counter() - start
+    assert result.extra["reward_status"].tolist() == ["ok"] * 8 + ["timeout"] * 6 + ["ok"] * 50
+    assert result.metrics["reward/timeouts"] == 6.0
+    assert elapsed < 2 * timeout, f"6 hung samples took {elapsed:.1f}s with reward.timeout_s={timeout:g}"
+
+
+def test_a_slow_but_working_reward_keeps_its_processes(tmp_path, tokenizer):
+    """Samples that take 0.2 s each are slow, not stuck: after the first finished sample the hand-over waits for
+    ten times that, so no process is replaced (no fresh interpreter per sample)."""
+    fn = custom(tmp_path, MISBEHAVING)
+    batch = make_batch(tokenizer, ["slow"] * 8, ["7"] * 8)
+    with NaiveRewardManager(tokenizer, fn, config=RewardConfig(num_workers=2, timeout_s=30)) as manager:
+        for _ in range(2):
+            assert manager(batch).extra["reward_status"].tolist() == ["ok"] * 8
+        assert manager._pool.replacements == 0 and manager._pool.hedge_after_s >= 1.0
 
 
 def test_invalid_returns_are_described(tmp_path, tokenizer, caplog):
