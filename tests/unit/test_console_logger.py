@@ -22,8 +22,10 @@ def test_reward_failures_column_counts_errors_and_timeouts(capsys, tmp_path):
 
 
 def test_validation_columns_per_data_source(capsys, tmp_path):
-    metrics = {"val-core/b/reward/mean@4": 0.75, "val-core/a/reward/mean@4": 0.5,
+    """Data sources may contain slashes (openai/gsm8k); best@n and error_rate stay off the line."""
+    metrics = {"val-core/openai/gsm8k/reward/mean@4": 0.75, "val-core/a/reward/mean@4": 0.5,
                "val-aux/a/reward/best@4/mean": 1.0, "val-aux/a/reward/errors": 0.0, "val-aux/a/reward/timeouts": 0.0,
-               "val-aux/b/reward/errors": 2.0, "val-aux/b/reward/timeouts": 1.0, "val-aux/b/reward/error_rate": 0.1}
-    assert shown(capsys, tmp_path, metrics) == {"val:a": "0.500", "val:b": "0.750", "val_fail:a": "0",
-                                                "val_fail:b": "3"}
+               "val-aux/openai/gsm8k/reward/errors": 2.0, "val-aux/openai/gsm8k/reward/timeouts": 1.0,
+               "val-aux/openai/gsm8k/reward/error_rate": 0.1}
+    assert shown(capsys, tmp_path, metrics) == {"val:a": "0.500", "val:openai/gsm8k": "0.750", "val_fail:a": "0",
+                                                "val_fail:openai/gsm8k": "3"}

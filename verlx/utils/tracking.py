@@ -19,7 +19,7 @@ LOGGERS: Registry[type["MetricLogger"]] = Registry("logger", "trainer.logger")
 # per data source where it has a `source` group.
 CONSOLE_COLUMNS = (
     (r"critic/score/mean", "score", "{:.3f}"),
-    (r"val-core/(?P<source>[^/]+)/reward/mean@\d+", "val", "{:.3f}"),
+    (r"val-core/(?P<source>.+)/reward/mean@\d+", "val", "{:.3f}"),
     (r"response_length/mean", "resp_len", "{:.1f}"),
     (r"actor/pg_loss", "pg_loss", "{:+.4f}"),
     (r"actor/entropy", "entropy", "{:.3f}"),
@@ -27,7 +27,7 @@ CONSOLE_COLUMNS = (
     (r"actor/kl_loss", "kl_loss", "{:.4f}"),
     (r"critic/vf_loss", "vf_loss", "{:.4f}"),
     (r"reward/(errors|timeouts)", "rew_fail", "{:.0f}"),
-    (r"val-aux/(?P<source>[^/]+)/reward/(errors|timeouts)", "val_fail", "{:.0f}"),
+    (r"val-aux/(?P<source>.+)/reward/(errors|timeouts)", "val_fail", "{:.0f}"),
     (r"timing_s/gen", "gen_s", "{:.1f}"),
     (r"timing_s/step", "step_s", "{:.1f}"),
 )
