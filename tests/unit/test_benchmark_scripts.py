@@ -111,3 +111,14 @@ def test_rollout_throughput_drives_each_engine_in_its_own_process(tmp_path):
                             text=True, timeout=180, env={**os.environ, "OUT": str(tmp_path)})
     assert failed.returncode == 1
     assert "sglang FAILED" in failed.stdout and "| tiny | sglang | failed |" in failed.stdout
+
+
+def test_reward_overhead_runs_and_counts_the_hung_samples(tmp_path):
+    proc = _run([sys.executable, "benchmarks/reward_overhead.py", "--samples", "64", "--repeats", "1",
+                 "--hung", "2", "--timeout", "1"], tmp_path)
+    with open(tmp_path / "reward_overhead.json") as f:
+        result = json.load(f)
+    assert result["samples"] == 64 and result["workers"] == 2
+    assert result["hung"]["samples"] == 2 and result["hung"]["timeouts"] == 2
+    assert result["pool_s"]["median"] > 0 and result["driver_s"]["median"] > 0
+    assert "2 hung samples, reward.timeout_s=1" in proc.stdout

@@ -55,7 +55,7 @@ class RewardConfig:
     num_workers: int = 2
     timeout_s: float = 30.0
     error_score: float = 0.0
-    max_error_fraction: float = 1.0
+    max_error_fraction: float = 0.1
     show_errors: int = 3
 
 
