@@ -9,7 +9,7 @@ from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
 from verlx.algorithms.policy_losses import POLICY_LOSSES
 from verlx.protocol import DataProto
 from verlx.workers.guarded_step import GuardedStepper
-from verlx.workers.micro_batching import gradient_accumulation, micro_batches, restore_order
+from verlx.workers.micro_batching import epoch_order, gradient_accumulation, micro_batches, restore_order
 from verlx.workers.stats import MetricAccumulator, global_counts
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -101,10 +101,7 @@ class PPOActor:
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
         self.module.train()
         for epoch in range(cfg.ppo_epochs):
-            if cfg.shuffle:
-                g = torch.Generator().manual_seed(cfg.data_loader_seed + epoch)
-                data = data[torch.randperm(len(data), generator=g)]
-            for mini in data.split(mini_batch_size):
+            for mini in epoch_order(data, cfg, epoch).split(mini_batch_size):
                 counts = global_counts(mini.batch["response_mask"], self.device)
                 parts, _ = micro_batches(mini, micro_batch_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu,
                                          key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")

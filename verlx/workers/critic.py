@@ -8,7 +8,7 @@ from verlx.algorithms.core import compute_value_loss
 from verlx.protocol import DataProto
 from verlx.workers.actor import MODEL_INPUTS
 from verlx.workers.guarded_step import GuardedStepper
-from verlx.workers.micro_batching import gradient_accumulation, micro_batches, restore_order
+from verlx.workers.micro_batching import epoch_order, gradient_accumulation, micro_batches, restore_order
 from verlx.workers.stats import MetricAccumulator, global_counts
 
 
@@ -41,10 +41,7 @@ class PPOCritic:
         metrics = MetricAccumulator(self.device)
         self.module.train()
         for epoch in range(cfg.ppo_epochs):
-            if cfg.shuffle:
-                g = torch.Generator().manual_seed(cfg.data_loader_seed + epoch)
-                data = data[torch.randperm(len(data), generator=g)]
-            for mini in data.split(mini_batch_size):
+            for mini in epoch_order(data, cfg, epoch).split(mini_batch_size):
                 counts = global_counts(mini.batch["response_mask"], self.device)
                 parts, _ = micro_batches(mini, micro_batch_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu,
                                          key="critic.ppo_max_token_len_per_gpu")

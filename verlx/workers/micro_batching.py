@@ -104,3 +104,12 @@ def gradient_accumulation(module, parts: list[DataProto], defer_reduce: bool):
         if set_sync is not None:
             set_sync(i == len(parts) - 1)
         yield part
+
+
+def epoch_order(data: DataProto, role, epoch: int) -> DataProto:
+    """The batch as PPO epoch `epoch` visits it: with `role.shuffle`, a permutation of the batch seeded by
+    data_loader_seed + epoch (a function of the epoch alone, the same for every training backend)."""
+    if not role.shuffle:
+        return data
+    g = torch.Generator().manual_seed(role.data_loader_seed + epoch)
+    return data[torch.randperm(len(data), generator=g)]

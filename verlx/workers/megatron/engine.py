@@ -22,7 +22,7 @@ from verlx.workers.actor import MODEL_INPUTS, compose_policy_loss
 from verlx.workers.critic import compose_value_loss
 from verlx.workers.guarded_step import NonFiniteUpdates
 from verlx.workers.megatron.batch_layout import AlignedBatch, align_batch
-from verlx.workers.micro_batching import micro_batches, restore_order
+from verlx.workers.micro_batching import epoch_order, micro_batches, restore_order
 from verlx.workers.stats import MetricAccumulator, global_counts
 
 
@@ -126,13 +126,6 @@ class MegatronRunner:
         return metrics.reduce(group=mpu.get_data_parallel_group())
 
 
-def _shuffled(data: DataProto, cfg, epoch: int) -> DataProto:
-    if not cfg.shuffle:
-        return data
-    g = torch.Generator().manual_seed(cfg.data_loader_seed + epoch)
-    return data[torch.randperm(len(data), generator=g)]
-
-
 class MegatronPPOActor:
     """PPOActor's phases on megatron chunks (a reference model is one without an optimizer)."""
 
@@ -176,7 +169,7 @@ class MegatronPPOActor:
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
         with_entropy = cfg.entropy_coeff != 0
         for epoch in range(cfg.ppo_epochs):
-            for mini in _shuffled(data, cfg, epoch).split(mini_batch_size):
+            for mini in epoch_order(data, cfg, epoch).split(mini_batch_size):
                 counts = global_counts(mini.batch["response_mask"], self.runner.device)
                 parts, _ = micro_batches(mini, micro_batch_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu,
                                          key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
@@ -224,7 +217,7 @@ class MegatronPPOCritic:
                            non_tensor_batch_keys=[], meta_info_keys=[])
         metrics = MetricAccumulator(self.runner.device)
         for epoch in range(cfg.ppo_epochs):
-            for mini in _shuffled(data, cfg, epoch).split(mini_batch_size):
+            for mini in epoch_order(data, cfg, epoch).split(mini_batch_size):
                 counts = global_counts(mini.batch["response_mask"], self.runner.device)
                 parts, _ = micro_batches(mini, micro_batch_size, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu,
                                          key="critic.ppo_max_token_len_per_gpu")

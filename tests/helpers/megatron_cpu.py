@@ -1,0 +1,38 @@
+"""Running megatron-core's training path (DDP, optimizer, pipeline schedule) on the CPU, for tests.
+
+megatron-core computes on whatever device the model is on, but allocates a few bookkeeping tensors on CUDA by name
+(`device="cuda"`, `torch.cuda.current_device()`: the schedule's token counter, the optimizer's loss scale, DDP's
+gradient buffers). `cuda_as_cpu()` sends those to the CPU; everything else runs unchanged. Two things still need a
+GPU and are avoided by the configs the tests use: gradient clipping (megatron asserts CUDA gradients; grad_clip=0)
+and the distributed optimizer (use_distributed_optimizer=false).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def require_megatron_core() -> None:
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'verlx[megatron]'); "
+                        "the megatron backend's CPU tests run where it is")
+
+
+class _CudaAsCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def cuda_as_cpu(monkeypatch):
+    """Tensors megatron-core creates on "cuda" are created on the CPU inside the block."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    with _CudaAsCpu():
+        yield
