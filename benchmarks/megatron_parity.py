@@ -73,7 +73,9 @@ def megatron_actor(path: str, tp: int, pp: int, train: bool):
     from transformers import AutoConfig
 
     from verlx.workers.megatron.architectures import model_dims
-    from verlx.workers.megatron.engine import MegatronPPOActor, MegatronRunner
+    from verlx.workers.actor import PPOActor
+    from verlx.workers.megatron.engine import MegatronEngine
+    from verlx.workers.megatron.runner import MegatronRunner
     from verlx.workers.megatron.setup import build_role_chunks, init_model_parallel, layout_for, wrap_for_training
 
     if mpu.model_parallel_is_initialized():
@@ -90,7 +92,7 @@ def megatron_actor(path: str, tp: int, pp: int, train: bool):
     if train:
         runnable, optimizer = wrap_for_training(chunks, config, mcfg, actor_cfg.optim, actor_cfg.grad_clip)
     runner = MegatronRunner(runnable, torch.device("cuda", torch.cuda.current_device()), optimizer)
-    return MegatronPPOActor(actor_cfg, runner), chunks, runnable, optimizer, layout, dims
+    return PPOActor(actor_cfg, MegatronEngine(runner, dims, layout, chunks)), chunks, runnable, optimizer, layout, dims
 
 
 def gathered_log_probs(actor, batch: DataProto) -> torch.Tensor:

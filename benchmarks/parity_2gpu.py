@@ -95,6 +95,7 @@ def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=
     """The trainer's actor set-up: load_policy (packed), apply_fsdp2, build_optimizer, PPOActor."""
     from verlx.config.engine import ModelConfig
     from verlx.workers.actor import PPOActor
+    from verlx.workers.fsdp.engine import FSDPEngine
     from verlx.workers.fsdp.model_builder import (
         apply_fsdp2,
         build_optimizer,
@@ -106,7 +107,8 @@ def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=
     apply_fsdp2(module, device, torch.bfloat16, mesh=mesh,
                 grad_divide_factor=dp_size if sp_group is not None else None)
     cfg = actor_config(kind)
-    return PPOActor(cfg, module, build_optimizer(module.parameters(), cfg.optim), device)
+    engine = FSDPEngine("actor", module, build_optimizer(module.parameters(), cfg.optim), device, grad_clip=cfg.grad_clip)
+    return PPOActor(cfg, engine)
 
 
 def score(actor, data: DataProto, mini_batch: int, kind: str) -> tuple[torch.Tensor, dict]:

@@ -86,6 +86,7 @@ def build_actor(shape: str, packed: bool, cfg: ActorConfig, checkpointing: bool,
 
     from verlx.models.policy import PolicyModel
     from verlx.workers.actor import PPOActor
+    from verlx.workers.fsdp.engine import FSDPEngine
     from verlx.workers.fsdp.model_builder import (
         apply_fsdp2,
         build_optimizer,
@@ -105,7 +106,9 @@ def build_actor(shape: str, packed: bool, cfg: ActorConfig, checkpointing: bool,
     compile_for_training(module, compiled, device)  # what actor.use_torch_compile does in the worker
     apply_fsdp2(module, device, torch.bfloat16)
     optimizer = build_optimizer(module.parameters(), cfg.optim)
-    return PPOActor(cfg, module, optimizer, device), hf_config
+    engine = FSDPEngine("actor", module, optimizer, device, grad_clip=cfg.grad_clip,
+                        defer_grad_reduce=cfg.fsdp_config.defer_grad_reduce)
+    return PPOActor(cfg, engine), hf_config
 
 
 def time_updates(actor, data: DataProto, mini: int, micro: int | None, warmup: int, steps: int) -> float:

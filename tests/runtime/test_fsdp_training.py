@@ -43,6 +43,7 @@ def _rank_batch(rank: int):
 def _deferred_reduce_case(rank: int) -> None:
     from verlx.config.roles import ActorConfig
     from verlx.workers.actor import PPOActor
+    from verlx.workers.fsdp.engine import FSDPEngine
     from verlx.workers.fsdp.model_builder import apply_fsdp2, build_optimizer
     from verlx.workers.micro_batching import gradient_accumulation, micro_batches
 
@@ -54,7 +55,8 @@ def _deferred_reduce_case(rank: int) -> None:
         cfg.fsdp_config.defer_grad_reduce = defer
         cfg.optim.lr = 1e-2
         module = apply_fsdp2(copy.deepcopy(base), torch.device("cpu"), torch.float32)
-        actor = PPOActor(cfg, module, build_optimizer(module.parameters(), cfg.optim))
+        actor = PPOActor(cfg, FSDPEngine("actor", module, build_optimizer(module.parameters(), cfg.optim),
+                                         defer_grad_reduce=defer))
         metrics = actor.update_policy(data, 8, None)
         assert all(p.grad is None for p in module.parameters())  # freed after the update
         results[defer] = (metrics, {n: p.full_tensor() for n, p in module.named_parameters()})

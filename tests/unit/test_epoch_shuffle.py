@@ -58,6 +58,7 @@ def test_fsdp_actor_and_critic_visit_each_epoch_as_a_permutation_of_the_batch():
     from verlx.models.policy import PolicyModel, ValueModel
     from verlx.workers.actor import PPOActor
     from verlx.workers.critic import PPOCritic
+    from verlx.workers.fsdp.engine import FSDPEngine
     from verlx.workers.fsdp.model_builder import build_optimizer
 
     data = _batch()
@@ -65,14 +66,16 @@ def test_fsdp_actor_and_critic_visit_each_epoch_as_a_permutation_of_the_batch():
     policy = PolicyModel(_hf_model())
     actor_seen: list = []
     _record_inputs(policy, actor_seen)
-    PPOActor(actor_cfg, policy, build_optimizer(policy.parameters(), actor_cfg.optim)).update_policy(data, ROWS, 2)
+    engine = FSDPEngine("actor", policy, build_optimizer(policy.parameters(), actor_cfg.optim))
+    PPOActor(actor_cfg, engine).update_policy(data, ROWS, 2)
 
     critic_cfg = _role_config(CriticConfig)
     hf = _hf_model()
     value = ValueModel(hf.model, hf.config.hidden_size)
     critic_seen: list = []
     _record_inputs(value, critic_seen)
-    PPOCritic(critic_cfg, value, build_optimizer(value.parameters(), critic_cfg.optim)).update_critic(data, ROWS, 2)
+    engine = FSDPEngine("critic", value, build_optimizer(value.parameters(), critic_cfg.optim))
+    PPOCritic(critic_cfg, engine).update_critic(data, ROWS, 2)
 
     assert _row_indices(data, actor_seen) == _expected_rows()
     assert _row_indices(data, critic_seen) == _expected_rows()
@@ -80,32 +83,28 @@ def test_fsdp_actor_and_critic_visit_each_epoch_as_a_permutation_of_the_batch():
 
 def test_megatron_critic_visits_the_batch_in_the_same_order(tmp_path, monkeypatch):
     require_megatron_core()
-    from verlx.config.engine import MegatronConfig
+    from verlx.config.engine import CriticModelConfig, MegatronConfig
     from verlx.config.roles import CriticConfig
-    from verlx.workers.megatron.architectures import model_dims
-    from verlx.workers.megatron.engine import MegatronPPOCritic, MegatronRunner
-    from verlx.workers.megatron.setup import build_role_chunks, init_model_parallel, layout_for, wrap_for_training
+    from verlx.workers.critic import PPOCritic
+    from verlx.workers.engine import ModelSpec
+    from verlx.workers.megatron.engine import MegatronEngine
 
     hf = _hf_model()
     hf.save_pretrained(tmp_path / "hf")
+    cfg = _role_config(CriticConfig, grad_clip=0.0, megatron=MegatronConfig(
+        dtype="float32", use_transformer_engine="false", use_distributed_optimizer=False))
+    spec = ModelSpec("critic", str(tmp_path / "hf"), CriticModelConfig(enable_gradient_checkpointing=False), cfg,
+                     hf.config, torch.device("cpu"), value_head=True)
     dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp_path, 'init')}", rank=0, world_size=1)
     try:
         with cuda_as_cpu(monkeypatch):
-            mcfg = MegatronConfig(dtype="float32", use_transformer_engine="false", use_distributed_optimizer=False)
-            dims = model_dims(hf.config)
-            layout = layout_for(mcfg, 1, dims)
-            init_model_parallel(layout, 1)
-            chunks, config = build_role_chunks(dims, layout, mcfg, str(tmp_path / "hf"), recompute=False,
-                                               value_head=True)
-            cfg = _role_config(CriticConfig, grad_clip=0.0)
-            wrapped, optimizer = wrap_for_training(chunks, config, mcfg, cfg.optim, cfg.grad_clip)
-            runner = MegatronRunner(wrapped, torch.device("cpu"), optimizer, "critic")
+            engine = MegatronEngine.build(spec, MegatronEngine.place({"critic": cfg}, hf.config, 1))
             seen: list = []
-            prepare = runner.prepare
-            monkeypatch.setattr(runner, "prepare",
+            prepare = engine.runner.prepare
+            monkeypatch.setattr(engine.runner, "prepare",
                                 lambda parts: seen.extend(p.batch["input_ids"] for p in parts) or prepare(parts))
             data = _batch()
-            MegatronPPOCritic(cfg, runner).update_critic(data, ROWS, 2)
+            PPOCritic(cfg, engine).update_critic(data, ROWS, 2)
     finally:
         from megatron.core import parallel_state as mpu
 

@@ -12,7 +12,7 @@ from verlx.config.validation import Findings, check_batch_arithmetic
 from verlx.trainer.entrypoint import override_args
 from verlx.workers.megatron import INSTALL_COMMAND, MegatronNotInstalled, megatron_core_available
 from verlx.workers.megatron.config_checks import megatron_problems
-from verlx.workers.registry import worker_classes
+from verlx.workers.engine import engine_class
 
 BASE = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -86,13 +86,11 @@ def test_valid_layout_passes_and_batch_arithmetic_uses_megatron_dp(tmp_path):
 
 
 def test_strategy_registry_and_command_line():
-    if megatron_core_available():
-        actor_cls, critic_cls = worker_classes("megatron")
-        assert actor_cls.__name__ == "MegatronActorRolloutRefWorker"
-        assert critic_cls.__name__ == "MegatronCriticWorker"
+    if megatron_core_available():  # the one actor and critic worker run it as their training engine
+        assert engine_class("megatron").__name__ == "MegatronEngine"
     else:
         with pytest.raises(MegatronNotInstalled, match=r"pip install 'verlx\[megatron\]'"):
-            worker_classes("megatron")
+            engine_class("megatron")
     with pytest.raises(KeyError, match="Did you mean 'megatron'"):
-        worker_classes("megatronn")
+        engine_class("megatronn")
     assert override_args(["--config-name", "ppo_megatron_trainer", "trainer.nnodes=1"]) == ["trainer.nnodes=1"]

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
+from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +136,8 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
             f"{dp} data-parallel ranks; choose ppo_mini_batch_size so that {mini}×{n} is a multiple of {dp}",
         ):
             continue
-        per_gpu = mini_samples // dp
-        micro = _micro_per_gpu(role.ppo_micro_batch_size, role.ppo_micro_batch_size_per_gpu, dp)
+        sizes = ppo_batch_sizes(role, n, dp)
+        per_gpu, micro = sizes.mini, sizes.micro
         if role.use_dynamic_bsz:
             continue
         if micro is None:
@@ -159,7 +160,7 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
     for key, global_micro, per_gpu_micro, dynamic in log_prob_roles:
         if dynamic:
             continue
-        micro = _micro_per_gpu(global_micro, per_gpu_micro, world_size)
+        micro = per_gpu_micro_batch_size(per_gpu_micro, global_micro, world_size)
         f.require(
             micro is not None and micro > 0,
             f"{key}.log_prob_micro_batch_size_per_gpu is not set (and log_prob_use_dynamic_bsz is false); "
@@ -182,14 +183,6 @@ def _ranks_per_shard(role) -> int:
 
         return model_parallel_size(role)
     return role.ulysses_sequence_parallel_size
-
-
-def _micro_per_gpu(global_micro: int | None, per_gpu: int | None, dp: int) -> int | None:
-    if per_gpu is not None:
-        return per_gpu
-    if global_micro is not None:
-        return max(global_micro // dp, 0)
-    return None
 
 
 def check_algorithm(cfg: PPOConfig, f: Findings) -> None:

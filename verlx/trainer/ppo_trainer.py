@@ -36,7 +36,9 @@ from verlx.trainer.validation import Validator
 from verlx.utils.seqlen_balancing import balance_batch
 from verlx.utils.timer import timed
 from verlx.utils.tracking import Tracking
-from verlx.workers.registry import worker_classes
+from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from verlx.workers.critic_worker import CriticWorker
+from verlx.workers.engine import engine_class
 
 logger = logging.getLogger(__name__)
 GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -80,8 +82,9 @@ class RayPPOTrainer:
         t = self.config.trainer
         self.resource_pool = RayResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=self.use_gpu,
                                              name_prefix="verlx")
-        ActorRolloutRefWorker, _ = worker_classes(self.config.actor_rollout_ref.actor.strategy)
-        _, CriticWorker = worker_classes(self.config.critic.strategy)
+        engine_class(self.config.actor_rollout_ref.actor.strategy)  # a missing backend fails here, not in Ray
+        if self.use_critic:
+            engine_class(self.config.critic.strategy, "critic.strategy")
         roles = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=self.config,
                                                            role="actor_rollout_ref" if self.use_reference
                                                            else "actor_rollout")}
@@ -320,7 +323,8 @@ class RayPPOTrainer:
 
 
 def _load_model_config(config: PPOConfig):
-    from verlx.workers.fsdp.model_builder import expand_path, load_hf_config
+    from verlx.models.hf_config import load_hf_config
+    from verlx.utils.paths import expand_path
 
     model = config.actor_rollout_ref.model
     return load_hf_config(expand_path(model.path), model.trust_remote_code, model.override_config)

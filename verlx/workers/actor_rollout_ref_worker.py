@@ -10,29 +10,16 @@ import torch
 
 from verlx.algorithms.kl import kl_needs_full_distribution
 from verlx.config.schema import PPOConfig
-from verlx.models.ulysses import check_ulysses, sequence_parallel_group
+from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
-from verlx.models.lora import lora_scaling, merged_weights
-from verlx.rollout.weight_sync import gather_full, iter_engine_weights
 from verlx.single_controller import Dispatch, Worker, register
+from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
 from verlx.utils.distributed import init_distributed
-from verlx.utils.dtypes import torch_dtype
+from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
 from verlx.workers.actor import PPOActor
-from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
-from verlx.workers.stats import optimizer_state_bytes
-from verlx.workers.fsdp.model_builder import (
-    apply_fsdp2,
-    build_lr_scheduler,
-    build_optimizer,
-    compile_for_training,
-    expand_path,
-    import_external_lib,
-    load_hf_config,
-    load_policy,
-)
-from verlx.workers.fsdp.offload import Offloader
+from verlx.workers.engine import ModelSpec, engine_class
 from verlx.workers.micro_batching import sequence_lengths
 from verlx.workers.perf import PhaseTimer, phase_metrics
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
@@ -54,63 +41,24 @@ class ActorRolloutRefWorker(Worker):
         self.role = role
         self.is_actor, self.is_rollout, self.is_ref = ("actor" in parts, "rollout" in parts, "ref" in parts)
         self.actor = self.ref = self.engine = None
-        self.actor_offload = self.ref_offload = None
+        self.dp_size = self.world_size
         self.lora = False
         self.engine_weights_stale = True
 
     # ------------------------------------------------------------------ set-up
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
-        cfg = self.config
-        arr = cfg.actor_rollout_ref
+        arr = self.config.actor_rollout_ref
         model_path = self._init_process_and_model_metadata()
-        on_gpu = self.device.type == "cuda"
         import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
-        sp_group, dp_size = self._init_sequence_parallel()
         if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
-        if self.is_actor:
-            fsdp = arr.actor.fsdp_config
-            self.lora = arr.model.lora_rank > 0
-            if self.lora and self.is_rollout and self.rank == 0:
-                logger.info("LoRA: the %s rollout engine receives the actor's weights with the adapters merged in "
-                            "at every push (no engine here loads adapters separately)", arr.rollout.name)
-            module = load_policy(model_path, arr.model, torch_dtype(fsdp.model_dtype), sp_group=sp_group,
-                                 with_lora=self.lora)
-            compile_for_training(module, arr.actor.use_torch_compile, self.device)
-            apply_fsdp2(module, self.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
-                        cpu_offload=fsdp.offload_policy and on_gpu,
-                        grad_divide_factor=dp_size if sp_group is not None else None)
-            optimizer = build_optimizer(module.parameters(), arr.actor.optim)
-            self.actor_offload = Offloader("actor", module, optimizer, self.device,
-                                           fsdp.param_offload and not fsdp.offload_policy, fsdp.optimizer_offload)
-            self.lr_scheduler = build_lr_scheduler(optimizer, arr.actor.optim, cfg.trainer.total_training_steps or 1)
-            self.actor = PPOActor(arr.actor, module, optimizer, self.device,
-                                  cfg.trainer.max_consecutive_nonfinite_updates)
-            self.checkpoint = FSDPCheckpointManager(module, optimizer, self.lr_scheduler, self.tokenizer,
-                                                    self.hf_config, strip_prefix="hf_model.")
-        if self.is_ref and self.is_actor and self.lora:
-            self.ref = PPOActor(arr.actor, self.actor.module, None, self.device, adapters_disabled=True)
-            self.actor.reference = self.ref
-        elif self.is_ref:
-            ref_fsdp = arr.ref.fsdp_config
-            ref_model_cfg = type(arr.model)(**{**arr.model.__dict__, "enable_gradient_checkpointing": False})
-            ref_module = load_policy(model_path, ref_model_cfg, torch_dtype(ref_fsdp.model_dtype), sp_group=sp_group)
-            ref_module.requires_grad_(False)
-            compile_for_training(ref_module, arr.ref.use_torch_compile, self.device)
-            apply_fsdp2(ref_module, self.device, torch_dtype(ref_fsdp.dtype), ref_fsdp.reshard_after_forward)
-            self.ref = PPOActor(arr.actor, ref_module, None, self.device)
-            self.ref_offload = Offloader("ref", ref_module, None, self.device, ref_fsdp.param_offload)
-            if self.actor is not None:
-                self.actor.reference = self.ref
-        for offloader in (self.actor_offload, self.ref_offload):
-            if offloader is not None:
-                offloader.offload()
+        if self.is_actor or self.is_ref:
+            self._init_training(model_path)
         return {"rank": self.rank, "device": str(self.device)}
 
     def _init_process_and_model_metadata(self) -> str:
-        """What every backend's init_model starts with: the process group, seeds, tokenizer and HF config; returns
-        the expanded model path."""
+        """The process group, seeds, tokenizer and HF config; returns the expanded model path."""
         cfg = self.config
         arr = cfg.actor_rollout_ref
         init_distributed(timeout_s=arr.nccl_timeout)
@@ -121,34 +69,51 @@ class ActorRolloutRefWorker(Worker):
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         return model_path
 
+    def _init_training(self, model_path: str) -> None:
+        """The actor's and the reference's training engines (actor_rollout_ref.actor.strategy) on one placement."""
+        cfg = self.config
+        arr = cfg.actor_rollout_ref
+        engine_cls = engine_class(arr.actor.strategy)
+        roles = {"actor_rollout_ref.actor": arr.actor} if self.is_actor else {}
+        if self.is_ref:
+            roles["actor_rollout_ref.ref"] = arr.ref
+        placement = engine_cls.place(roles, self.hf_config, self.world_size)
+        self.set_dispatch_info("actor", placement.dp_rank, placement.dp_size, placement.is_collect)
+        self.dp_size = placement.dp_size
+        common = dict(path=model_path, model=arr.model, hf_config=self.hf_config, device=self.device,
+                      total_steps=cfg.trainer.total_training_steps or 1)
+        if self.is_actor:
+            self.lora = arr.model.lora_rank > 0
+            if self.lora and self.is_rollout and self.rank == 0:
+                logger.info("LoRA: the %s rollout engine receives the actor's weights with the adapters merged in "
+                            "at every push (no engine here loads adapters separately)", arr.rollout.name)
+            spec = ModelSpec("actor", role=arr.actor, lora=self.lora, tokenizer=self.tokenizer,
+                             max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite_updates, **common)
+            self.actor = PPOActor(arr.actor, engine_cls.build(spec, placement))
+        if self.is_ref:
+            if self.lora:  # the actor's own module with its adapters switched off
+                ref_engine = self.actor.engine.reference_view()
+            else:
+                ref_engine = engine_cls.build(ModelSpec("ref", role=arr.ref, trainable=False, **common), placement)
+            self.ref = PPOActor(arr.actor, ref_engine)
+            if self.actor is not None:
+                self.actor.reference = self.ref
+        for model in (self.actor, self.ref):
+            if model is not None:
+                model.engine.offload()
+
     def _on_device(self, actor: bool = False, ref: bool = False, optimizer: bool = False) -> ExitStack:
         """The offloaded parts a phase computes with, on the device for the `with` block (no-ops without offload).
-        A LoRA reference is the actor's own module with its adapters disabled, so it needs the actor's weights."""
+        A LoRA reference is the actor's own module with its adapters disabled, so it brings the actor's weights."""
         stack = ExitStack()
-        actor = actor or (ref and self.lora)
-        if actor and self.actor_offload is not None:
-            stack.enter_context(self.actor_offload.on_device(optimizer=optimizer))
-        if ref and self.ref_offload is not None:
-            stack.enter_context(self.ref_offload.on_device())
+        if actor and self.actor is not None:
+            stack.enter_context(self.actor.engine.on_device(optimizer=optimizer))
+        if ref and self.ref is not None:
+            stack.enter_context(self.ref.engine.on_device())
         return stack
 
     def _sp_size(self) -> int:
         return self.config.actor_rollout_ref.actor.ulysses_sequence_parallel_size
-
-    def _init_sequence_parallel(self):
-        """Ulysses: SP groups of consecutive ranks share one data shard (mesh "actor"); returns (group, dp size)."""
-        arr = self.config.actor_rollout_ref
-        sizes = {"actor_rollout_ref.actor": arr.actor.ulysses_sequence_parallel_size} if self.is_actor else {}
-        if self.is_ref:
-            sizes["actor_rollout_ref.ref"] = arr.ref.ulysses_sequence_parallel_size
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"the actor and the reference share workers and need one Ulysses size, got {sizes}")
-        sp = next(iter(sizes.values()), 1)
-        if sp > 1:
-            check_ulysses(self.hf_config, sp, self.world_size, f"{next(iter(sizes))}.ulysses_sequence_parallel_size")
-        group, dp_rank, dp_size = sequence_parallel_group(sp)
-        self.set_dispatch_info("actor", dp_rank, dp_size, self.rank % sp == 0)
-        return group, dp_size
 
     def _init_engine(self, model_path: str) -> None:
         rollout = self.config.actor_rollout_ref.rollout
@@ -191,12 +156,7 @@ class ActorRolloutRefWorker(Worker):
         """Stream the actor's full weights into the engine as one push (the engine buckets them and knows when
         every parameter has arrived); returns seconds taken."""
         start = time.perf_counter()
-        dtype = self.engine_ctx.engine_dtype
-        tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
-        state = ((k.removeprefix("hf_model."), v) for k, v in self.actor.module.state_dict().items())
-        if self.lora:  # engines get plain HF weights with the adapters merged in
-            state = merged_weights(gather_full(state), lora_scaling(self.actor.module.hf_model))
-        self.engine.update_weights(iter_engine_weights(state, dtype, tied, device=self.device))
+        self.engine.update_weights(self.actor.engine.rollout_weights(self.engine_ctx.engine_dtype))
         self.engine_weights_stale = False
         return time.perf_counter() - start
 
@@ -243,9 +203,8 @@ class ActorRolloutRefWorker(Worker):
     def _log_prob_batching(self, use_ref: bool):
         arr = self.config.actor_rollout_ref
         src = arr.ref if use_ref else arr.rollout
-        micro = src.log_prob_micro_batch_size_per_gpu
-        if micro is None and src.log_prob_micro_batch_size is not None:
-            micro = max(1, src.log_prob_micro_batch_size // self._dp_size())
+        micro = per_gpu_micro_batch_size(src.log_prob_micro_batch_size_per_gpu, src.log_prob_micro_batch_size,
+                                         self.dp_size)
         return micro, src.log_prob_use_dynamic_bsz, src.log_prob_max_token_len_per_gpu
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
@@ -277,30 +236,22 @@ class ActorRolloutRefWorker(Worker):
         return out
 
     # ------------------------------------------------------------------ training
-    def _dp_size(self) -> int:
-        """Data-parallel ranks the training batch is split over."""
-        return self.world_size // self._sp_size()
-
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def update_actor(self, data: DataProto) -> DataProto:
         arr = self.config.actor_rollout_ref
         actor_cfg = arr.actor
-        dp = self._dp_size()
-        mini = actor_cfg.ppo_mini_batch_size * arr.rollout.n // dp
-        micro = actor_cfg.ppo_micro_batch_size_per_gpu
-        if micro is None and actor_cfg.ppo_micro_batch_size is not None:
-            micro = max(1, actor_cfg.ppo_micro_batch_size // dp)
+        sizes = ppo_batch_sizes(actor_cfg, arr.rollout.n, self.dp_size)
         data.meta_info.setdefault("temperature", arr.rollout.temperature)
         start = time.perf_counter()
         full_kl = actor_cfg.use_kl_loss and kl_needs_full_distribution(actor_cfg.kl_loss_type)
         timer = PhaseTimer(self.device)
         with self._on_device(actor=True, ref=full_kl, optimizer=True), timer.measure():
-            metrics = self.actor.update_policy(data, mini, micro)
+            metrics = self.actor.update_policy(data, sizes.mini, sizes.micro)
         metrics.update(phase_metrics("actor", self.hf_config, sequence_lengths(data).tolist() * actor_cfg.ppo_epochs, timer,
                                      share=1 / self._sp_size()))
-        metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
-        metrics["actor/optimizer_state_gb"] = optimizer_state_bytes(self.actor.optimizer) / 1e9
-        self.lr_scheduler.step()
+        metrics["actor/lr"] = self.actor.engine.lr()
+        metrics["actor/optimizer_state_gb"] = self.actor.engine.optimizer_state_bytes() / 1e9
+        self.actor.engine.step_lr()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
         self.engine_weights_stale = True
         return DataProto(meta_info={"metrics": metrics})
@@ -309,11 +260,11 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         with self._on_device(actor=True, optimizer=True):
-            self.checkpoint.save(path)
+            self.actor.engine.save_checkpoint(path)
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         with self._on_device(actor=True, optimizer=True):
-            self.checkpoint.load(path)
+            self.actor.engine.load_checkpoint(path)
         self.engine_weights_stale = True
 

@@ -1,4 +1,5 @@
-"""Splitting a rank's samples into micro-batches: by count, or by token budget with equal counts on every rank.
+"""Splitting a rank's samples into PPO mini-batches and those into micro-batches (by count, or by token budget
+with equal counts on every rank): the one iterator every training engine's update runs over.
 
 FSDP runs collectives inside every forward, so all data-parallel ranks must run the same number of
 micro-batches; the token-budget split therefore agrees on the count across the group first (small CPU
@@ -8,11 +9,14 @@ tensors: the process group has a gloo backend for CPU, see utils/distributed.py)
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from verlx.protocol import DataProto
+from verlx.workers.stats import global_counts
 
 
 def sequence_lengths(data: DataProto) -> torch.Tensor:
@@ -106,6 +110,15 @@ def gradient_accumulation(module, parts: list[DataProto], defer_reduce: bool):
         yield part
 
 
+@dataclass
+class MiniBatch:
+    """One optimizer step's samples on this rank, split into micro-batches; `counts` are the mini-batch's global
+    token and sequence counts (workers/stats.global_counts) for exact loss aggregation."""
+
+    micro_batches: list[DataProto]
+    counts: dict[str, torch.Tensor]
+
+
 def epoch_order(data: DataProto, role, epoch: int) -> DataProto:
     """The batch as PPO epoch `epoch` visits it: with `role.shuffle`, a permutation of the batch seeded by
     data_loader_seed + epoch (a function of the epoch alone, the same for every training backend)."""
@@ -113,3 +126,17 @@ def epoch_order(data: DataProto, role, epoch: int) -> DataProto:
         return data
     g = torch.Generator().manual_seed(role.data_loader_seed + epoch)
     return data[torch.randperm(len(data), generator=g)]
+
+
+def ppo_mini_batches(data: DataProto, role, mini_batch_size: int, micro_batch_size: int | None,
+                     device: torch.device, key: str) -> Iterator[MiniBatch]:
+    """The one PPO update loop: `role.ppo_epochs` passes over `data` (epoch_order), each split into mini-batches of
+    `mini_batch_size` samples, their global token counts, and micro-batches of `micro_batch_size` samples or of the
+    token budget `role.ppo_max_token_len_per_gpu` (use_dynamic_bsz). `role` is an actor or critic config, `key` its
+    config path (named in errors). Collective: every rank iterates the same number of mini-batches."""
+    for epoch in range(role.ppo_epochs):
+        for mini in epoch_order(data, role, epoch).split(mini_batch_size):
+            counts = global_counts(mini.batch["response_mask"], device)
+            parts, _ = micro_batches(mini, micro_batch_size, role.use_dynamic_bsz, role.ppo_max_token_len_per_gpu,
+                                     key=f"{key}.ppo_max_token_len_per_gpu")
+            yield MiniBatch(parts, counts)

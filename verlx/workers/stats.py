@@ -72,7 +72,7 @@ class MetricAccumulator:
 def optimizer_state_bytes(optimizer) -> int:
     """Bytes of optimizer state this rank holds (its shard of sharded states)."""
     total = 0
-    for state in optimizer.state.values():
+    for _, state in optimizer.state.items():  # megatron's chained optimizers offer items() only
         for value in state.values():
             if isinstance(value, torch.Tensor):
                 local = value.to_local() if hasattr(value, "to_local") else value

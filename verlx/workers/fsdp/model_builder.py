@@ -2,40 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from verlx.models.attention import register_packed_attention
+from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.models.lora import apply_lora
 from verlx.models.policy import PolicyModel, ValueModel, decoder_layers
+from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
-
-
-def expand_path(path: str) -> str:
-    return os.path.expanduser(os.path.expandvars(path))
-
-
-def import_external_lib(name: str | None) -> None:
-    if name:
-        importlib.import_module(name)
-
-
-def load_hf_config(path: str, trust_remote_code: bool, override_config: dict):
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(expand_path(path), trust_remote_code=trust_remote_code)
-    except Exception as e:
-        raise RuntimeError(f"could not load the model config from {path!r}: {e}") from e
-    for key, value in (override_config or {}).items():
-        setattr(config, key, value)
-    return config
 
 
 def enable_activation_checkpointing(model) -> None:

@@ -1,0 +1,37 @@
+"""The PPO batch-size arithmetic, in one place for the workers (every training engine) and the config checks.
+
+veRL's semantics: `ppo_mini_batch_size` counts prompts (each becomes `rollout.n` samples) over all data-parallel
+ranks; micro-batch sizes count samples per GPU. The deprecated global `*_micro_batch_size` keys are split over the
+data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def per_gpu_micro_batch_size(per_gpu: int | None, global_size: int | None, dp: int) -> int | None:
+    """`per_gpu` when set, else the global size split over `dp` ranks (0 when it is smaller than dp, which the
+    config checks report); None when neither is set (a token budget, or an error the checks report)."""
+    if per_gpu is not None:
+        return per_gpu
+    if global_size is not None:
+        return max(global_size // dp, 0)
+    return None
+
+
+@dataclass(frozen=True)
+class RankBatchSizes:
+    """Samples per mini-batch (one optimizer step) and per micro-batch on one data-parallel rank."""
+
+    mini: int
+    micro: int | None
+
+
+def ppo_batch_sizes(role, n: int, dp: int) -> RankBatchSizes:
+    """`role` (actor or critic config): ppo_mini_batch_size × n / dp samples per mini-batch on each of the `dp`
+    ranks, and its per-GPU micro-batch size."""
+    return RankBatchSizes(
+        mini=role.ppo_mini_batch_size * n // dp,
+        micro=per_gpu_micro_batch_size(role.ppo_micro_batch_size_per_gpu, role.ppo_micro_batch_size, dp),
+    )

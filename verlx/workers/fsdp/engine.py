@@ -1,0 +1,175 @@
+"""The FSDP2 training engine: HF models sharded with `fully_shard`, Ulysses sequence parallelism, offload, DCP
+checkpoints, and LoRA (whose reference is the same module with the adapters switched off)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from verlx.models.lora import lora_scaling, merged_weights
+from verlx.models.ulysses import check_ulysses, sequence_parallel_group
+from verlx.protocol import DataProto
+from verlx.rollout.weight_sync import gather_full, iter_engine_weights
+from verlx.utils.dtypes import torch_dtype
+from verlx.workers.engine import MODEL_INPUTS, Head, LossFn, ModelSpec, Placement, TrainingEngine
+from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
+from verlx.workers.fsdp.model_builder import (
+    apply_fsdp2,
+    build_lr_scheduler,
+    build_optimizer,
+    compile_for_training,
+    load_policy,
+    load_value_model,
+)
+from verlx.workers.fsdp.offload import Offloader
+from verlx.workers.guarded_step import GuardedStepper
+from verlx.workers.micro_batching import MiniBatch, gradient_accumulation
+from verlx.workers.stats import MetricAccumulator, optimizer_state_bytes
+
+
+class FSDPEngine(TrainingEngine):
+    """One FSDP2 module on this rank, with its optimizer, schedule, offloader and checkpoint manager when trainable.
+
+    Built from a config with `build`; tests and benchmarks construct it around a module of their own."""
+
+    def __init__(self, name: str, module: torch.nn.Module, optimizer=None, device=torch.device("cpu"), *,
+                 grad_clip: float = 1.0, defer_grad_reduce: bool = False, max_consecutive_nonfinite: int = 3,
+                 lr_scheduler=None, checkpoint: FSDPCheckpointManager | None = None, offloader: Offloader | None = None,
+                 tied_embeddings: bool = False, lora: bool = False, adapters_disabled: bool = False):
+        self.name, self.module, self.optimizer, self._device = name, module, optimizer, device
+        self.grad_clip, self.defer_grad_reduce = grad_clip, defer_grad_reduce
+        self.lr_scheduler, self.checkpoint, self.offloader = lr_scheduler, checkpoint, offloader
+        self.tied_embeddings, self.lora, self.adapters_disabled = tied_embeddings, lora, adapters_disabled
+        self.stepper = GuardedStepper(name, max_consecutive_nonfinite)
+
+    # ------------------------------------------------------------------ set-up
+    @classmethod
+    def place(cls, roles: dict, hf_config, world_size: int) -> Placement:
+        """Ulysses: SP groups of consecutive ranks share one data shard; colocated roles need one SP size."""
+        sizes = {key: role.ulysses_sequence_parallel_size for key, role in roles.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"the actor and the reference share workers and need one Ulysses size, got {sizes}")
+        sp = next(iter(sizes.values()), 1)
+        if sp > 1:
+            check_ulysses(hf_config, sp, world_size, f"{next(iter(sizes))}.ulysses_sequence_parallel_size")
+        group, dp_rank, dp_size = sequence_parallel_group(sp)
+        return Placement(dp_rank, dp_size, dist.get_rank() % sp == 0, group)
+
+    @classmethod
+    def build(cls, spec: ModelSpec, placement: Placement) -> FSDPEngine:
+        # the critic keeps its FSDP settings in its model section
+        fsdp = spec.role.fsdp_config if hasattr(spec.role, "fsdp_config") else spec.model.fsdp_config
+        sp_group = placement.handle
+        if spec.value_head:
+            module = load_value_model(spec.path, spec.model, torch_dtype(fsdp.model_dtype), sp_group=sp_group)
+        else:
+            model_cfg = spec.model if spec.trainable else dataclasses.replace(spec.model,
+                                                                              enable_gradient_checkpointing=False)
+            module = load_policy(spec.path, model_cfg, torch_dtype(fsdp.model_dtype), sp_group=sp_group,
+                                 with_lora=spec.lora)
+        if not spec.trainable:
+            module.requires_grad_(False)
+        compile_for_training(module, spec.role.use_torch_compile, spec.device)
+        if not spec.trainable:
+            apply_fsdp2(module, spec.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward)
+            offloader = Offloader(spec.name, module, None, spec.device, fsdp.param_offload)
+            return cls(spec.name, module, device=spec.device, offloader=offloader)
+        return cls._trainable(spec, module, fsdp, placement)
+
+    @classmethod
+    def _trainable(cls, spec: ModelSpec, module, fsdp, placement: Placement) -> FSDPEngine:
+        sp_group = placement.handle
+        apply_fsdp2(module, spec.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
+                    cpu_offload=fsdp.offload_policy and spec.device.type == "cuda",
+                    grad_divide_factor=placement.dp_size if sp_group is not None else None)
+        optimizer = build_optimizer(module.parameters(), spec.role.optim)
+        offloader = Offloader(spec.name, module, optimizer, spec.device, fsdp.param_offload and not fsdp.offload_policy,
+                              fsdp.optimizer_offload)
+        lr_scheduler = build_lr_scheduler(optimizer, spec.role.optim, spec.total_steps)
+        with_hf = spec.tokenizer is not None
+        checkpoint = FSDPCheckpointManager(module, optimizer, lr_scheduler, spec.tokenizer,
+                                           spec.hf_config if with_hf else None,
+                                           strip_prefix="hf_model." if with_hf else "")
+        return cls(spec.name, module, optimizer, spec.device, grad_clip=spec.role.grad_clip,
+                   defer_grad_reduce=fsdp.defer_grad_reduce, max_consecutive_nonfinite=spec.max_consecutive_nonfinite,
+                   lr_scheduler=lr_scheduler, checkpoint=checkpoint, offloader=offloader,
+                   tied_embeddings=bool(getattr(spec.hf_config, "tie_word_embeddings", False)), lora=spec.lora)
+
+    def reference_view(self) -> FSDPEngine:
+        if not self.lora:
+            return super().reference_view()
+        return FSDPEngine("ref", self.module, device=self._device, offloader=self.offloader, adapters_disabled=True)
+
+    # ------------------------------------------------------------------ compute
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _adapters(self):
+        return self.module.hf_model.disable_adapter() if self.adapters_disabled else nullcontext()
+
+    def _run(self, mb: DataProto, head: Head) -> dict:
+        inputs = {k: mb.batch[k].to(self._device, non_blocking=True) for k in MODEL_INPUTS}
+        response_length = mb.batch["responses"].shape[-1]
+        if head.kind == "values":
+            return {"values": self.module(**inputs, response_length=response_length)}
+        extra = {}
+        if head.kind == "response_hidden":
+            extra["return_response_hidden"] = True
+        if head.kl_reference is not None:
+            extra["kl_reference"] = head.kl_reference(mb)
+        with self._adapters():
+            out = self.module(**inputs, response_length=response_length, temperature=head.temperature,
+                              chunk_size=head.chunk_size, with_entropy=head.with_entropy, **extra)
+        if head.kind == "response_hidden":
+            return {"response_hidden": out}
+        return dict(zip(("log_prob", "entropy", "full_kl"), out))
+
+    @torch.no_grad()
+    def forward(self, parts: list[DataProto], head: Head) -> list[dict]:
+        self.module.eval()
+        return [self._run(mb, head) for mb in parts]
+
+    def update(self, mini_batches: Iterable[MiniBatch], head: Head, loss_fn: LossFn,
+               metrics: MetricAccumulator) -> dict[str, float]:
+        self.module.train()
+        for mini in mini_batches:
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in gradient_accumulation(self.module, mini.micro_batches, self.defer_grad_reduce):
+                loss_fn(mb, self._run(mb, head), mini.counts).backward()
+            self.stepper.step(self.module, self.optimizer, self.grad_clip, metrics)
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are dead weight until the next update (rollout)
+        return metrics.reduce()
+
+    # ------------------------------------------------------------------ state
+    def on_device(self, optimizer: bool = False):
+        return self.offloader.on_device(optimizer=optimizer) if self.offloader is not None else nullcontext()
+
+    def offload(self) -> None:
+        if self.offloader is not None:
+            self.offloader.offload()
+
+    def lr(self) -> float:
+        return self.lr_scheduler.get_last_lr()[0]
+
+    def step_lr(self) -> None:
+        self.lr_scheduler.step()
+
+    def optimizer_state_bytes(self) -> int:
+        return optimizer_state_bytes(self.optimizer)
+
+    def save_checkpoint(self, path: str) -> None:
+        self.checkpoint.save(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.checkpoint.load(path)
+
+    def rollout_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        state = ((k.removeprefix("hf_model."), v) for k, v in self.module.state_dict().items())
+        if self.lora:  # engines get plain HF weights with the adapters merged in
+            state = merged_weights(gather_full(state), lora_scaling(self.module.hf_model))
+        return iter_engine_weights(state, dtype, self.tied_embeddings, device=self._device)
