@@ -104,9 +104,6 @@ class PolicyModel(nn.Module):
                                   chunk_size=chunk_size)
         return log_probs, entropy, _owned(rows.assemble(full_kl))
 
-    def hf_state_dict_key(self, key: str) -> str:
-        return key.removeprefix("hf_model.")
-
 
 class ValueModel(nn.Module):
     """A HF decoder with a scalar value head; forward gives the value at each response position."""

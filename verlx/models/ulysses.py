@@ -93,11 +93,6 @@ def gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
     return _GatherSequence.apply(x, group)
 
 
-def local_slice(group) -> tuple[int, int]:
-    """(rank, sp size) of this process in the SP group."""
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
 def sequence_parallel_group(sp_size: int):
     """(this rank's SP group or None, dp_rank, dp_size): SP groups are blocks of consecutive ranks.
 

@@ -102,7 +102,3 @@ class Worker:
     def set_master_address(self, addr: str, port: int) -> None:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
         self.master_addr, self.master_port = addr, str(port)
-
-    def run_callable(self, fn, *args, **kwargs):
-        """Run a driver-supplied function inside the worker process (tests, diagnostics)."""
-        return fn(self, *args, **kwargs)

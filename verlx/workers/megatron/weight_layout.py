@@ -129,12 +129,6 @@ def placement(spec: ParamSpec, dims: ModelDims, layout: ParallelLayout) -> Place
     return Placement(layout.pp - 1, layout.chunks - 1, None)
 
 
-def stage_layers(pp_rank: int, chunk: int, num_layers: int, pp: int, chunks: int) -> range:
-    per_chunk = num_layers // (pp * chunks)
-    start = (chunk * pp + pp_rank) * per_chunk
-    return range(start, start + per_chunk)
-
-
 # ---------------------------------------------------------------------- combine / split
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: ModelDims) -> torch.Tensor:
     g, d = dims.num_kv_heads, dims.head_dim
