@@ -15,6 +15,7 @@ import sys
 import torch
 
 from verlx.utils.dtypes import torch_dtype
+from verlx.utils.paths import expand_path
 
 HF_SUBDIR = "huggingface"
 FSDP_MODEL_PREFIX = "model.hf_model."
@@ -80,7 +81,7 @@ def _save_atomically(target_dir: str, write) -> None:
 
 
 def merge(local_dir: str, target_dir: str, backend: str = "auto", dtype: str | None = None) -> str:
-    local_dir = os.path.expanduser(local_dir)
+    local_dir = expand_path(local_dir)
     backend = detect_backend(local_dir) if backend == "auto" else backend
     out_dtype = torch_dtype(dtype, "--dtype") if dtype else None
     if backend == "fsdp":

@@ -23,6 +23,28 @@ class ConfigError(ValueError):
         super().__init__(f"invalid config ({len(self.problems)} problem{'s' * (len(self.problems) != 1)}):\n{lines}")
 
 
+@dataclasses.dataclass
+class Findings:
+    """The problems (and warnings) of a config, collected so that one ConfigError reports all of them at once."""
+
+    problems: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def require(self, ok: bool, message: str) -> bool:
+        if not ok:
+            self.problems.append(message)
+        return ok
+
+    def choice(self, key: str, value, allowed) -> bool:
+        """`value` must be one of `allowed`; the problem names the key, the choices and the closest one."""
+        allowed = list(allowed)
+        return self.require(value in allowed, f"{key}={value!r} is not one of {allowed}.{did_you_mean(value, allowed)}")
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise ConfigError(self.problems)
+
+
 def build(cls: type[T], data: Mapping[str, Any] | None, path: str = "") -> T:
     """Build `cls` from a plain mapping; raise ConfigError listing every unknown key and type mismatch."""
     problems: list[str] = []

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from verlx.config.loader import ConfigError
+from verlx.config.loader import ConfigError, Findings
 from verlx.config.schema import PPOConfig
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
+from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
 
@@ -22,17 +22,6 @@ TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
 SCHEDULERS = ("constant", "cosine")
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
-
-
-@dataclass
-class Findings:
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def require(self, ok: bool, message: str) -> bool:
-        if not ok:
-            self.problems.append(message)
-        return ok
 
 
 def _divisors(n: int) -> list[int]:
@@ -263,7 +252,7 @@ def _model_head_counts(path: str | None) -> SimpleNamespace | None:
     """num_attention_heads / num_key_value_heads from the model's config.json, when it exists and has them."""
     if path is None:
         return None
-    config_file = os.path.join(_expand(path), "config.json")
+    config_file = os.path.join(expand_path(path), "config.json")
     if not os.path.isfile(config_file):
         return None
     try:
@@ -339,30 +328,26 @@ def check_token_budgets(cfg: PPOConfig, f: Findings) -> None:
         )
 
 
-def _expand(path: str) -> str:
-    return os.path.expanduser(os.path.expandvars(path))
-
-
 def check_paths(cfg: PPOConfig, f: Findings) -> None:
     d = cfg.data
     files = [("data.train_files", p) for p in ([d.train_files] if isinstance(d.train_files, str) else d.train_files)]
     if d.val_files is not None:
         files += [("data.val_files", p) for p in ([d.val_files] if isinstance(d.val_files, str) else d.val_files)]
     for key, path in files:
-        f.require(os.path.isfile(_expand(path)), f"{key}: file {path!r} does not exist; run a script in "
+        f.require(os.path.isfile(expand_path(path)), f"{key}: file {path!r} does not exist; run a script in "
                   "examples/data_preprocess/ to create it or fix the path")
     model = cfg.actor_rollout_ref.model
-    model_dir = _expand(model.path)
+    model_dir = expand_path(model.path)
     if f.require(os.path.isdir(model_dir), f"actor_rollout_ref.model.path: directory {model.path!r} does not exist "
                  "(verlx loads local HF model directories; download the model first)"):
         f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
                   f"actor_rollout_ref.model.path: {model.path!r} has no config.json; is it a HuggingFace model directory?")
     crf = cfg.custom_reward_function
     if crf.path is not None:
-        f.require(os.path.isfile(_expand(crf.path)),
+        f.require(os.path.isfile(expand_path(crf.path)),
                   f"custom_reward_function.path: file {crf.path!r} does not exist")
     if cfg.use_critic and cfg.critic.model.path is not None:
-        f.require(os.path.isdir(_expand(cfg.critic.model.path)),
+        f.require(os.path.isdir(expand_path(cfg.critic.model.path)),
                   f"critic.model.path: directory {cfg.critic.model.path!r} does not exist")
 
 

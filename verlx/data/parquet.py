@@ -8,12 +8,13 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from verlx.utils.paths import expand_path
 
 
 def write_parquet_atomic(rows: Sequence[dict[str, Any]] | pa.Table, path: str | os.PathLike) -> str:
     """Write rows to `path` through a temporary file in the same directory and a rename, so a reader never
     sees half a file. Returns the absolute path."""
-    path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    path = expand_path(path, absolute=True)
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows))

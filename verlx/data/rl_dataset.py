@@ -23,6 +23,7 @@ from verlx.config.run import DataConfig
 from verlx.data.parquet import read_parquet_columns
 from verlx.protocol import DataProto
 from verlx.utils.registry import Registry
+from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class RLHFDataset:
     """Tokenised prompts of one or more parquet files; `dataset[i]` is a row dict, `get_batch(ids)` a DataProto."""
 
     def __init__(self, files: str | Sequence[str], tokenizer, config: DataConfig, max_samples: int = -1):
-        self.files = [os.path.expanduser(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
+        self.files = [expand_path(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
         self.tokenizer = tokenizer
         self.config = config
         self.max_prompt_length = int(config.max_prompt_length)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from verlx.utils.paths import expand_path
 
 TRUNCATIONS = ("error", "left", "right")
 
@@ -66,7 +67,7 @@ def read_parquet_rows(files: str | list[str], max_samples: int = -1, config_key:
         raise ValueError(f"{config_key} is empty: give one or more parquet files")
     tables, starts, total = [], [], 0
     for name in files:
-        path = os.path.abspath(os.path.expanduser(name))
+        path = expand_path(name, absolute=True)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{config_key}: {path} does not exist (write it first, e.g. with examples/data_preprocess)")
         table = pq.read_table(path)
@@ -78,7 +79,7 @@ def read_parquet_rows(files: str | list[str], max_samples: int = -1, config_key:
         table = table.slice(0, max_samples)
     if table.num_rows == 0:
         raise ValueError(f"{config_key}: {files} hold no rows")
-    return ParquetRows(table, [os.path.abspath(os.path.expanduser(f)) for f in files], starts)
+    return ParquetRows(table, [expand_path(f, absolute=True) for f in files], starts)
 
 
 def render_prompts(rows: ParquetRows, tokenizer, prompt_key: str, chat_kwargs: dict, config_key: str = "data.prompt_key") -> list[str]:

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 from dataclasses import asdict, dataclass
+from verlx.utils.paths import expand_path
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -151,7 +152,7 @@ def build_model(spec: TinyModelSpec = TinyModelSpec(), seed: int = 0):
 
 def save_tiny_model(output_dir: str, seed: int = 0, spec: TinyModelSpec = TinyModelSpec()) -> str:
     """Write model (safetensors), tokenizer and generation config to `output_dir`; return its absolute path."""
-    output_dir = os.path.abspath(os.path.expanduser(output_dir))
+    output_dir = expand_path(output_dir, absolute=True)
     model = build_model(spec, seed)
     tokenizer = build_tokenizer(spec.max_position_embeddings)
     model.save_pretrained(output_dir, safe_serialization=True)

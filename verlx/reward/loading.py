@@ -14,6 +14,7 @@ import sys
 from typing import Any, Callable
 
 from verlx.reward.scores import default_compute_score
+from verlx.utils.paths import expand_path
 
 _CALL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
@@ -41,7 +42,7 @@ class FileRewardFunction:
     """`name` from the file at `path`, called with `kwargs` bound; pickles by reference to the file."""
 
     def __init__(self, path: str, name: str = "compute_score", kwargs: dict[str, Any] | None = None):
-        self.path = os.path.abspath(os.path.expanduser(path))
+        self.path = expand_path(path, absolute=True)
         self.name = name
         self.kwargs = dict(kwargs or {})
         if not os.path.isfile(self.path):

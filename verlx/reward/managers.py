@@ -30,6 +30,12 @@ logger = logging.getLogger(__name__)
 REWARD_MANAGERS: Registry[type["NaiveRewardManager"]] = Registry("reward manager", "reward_model.reward_manager")
 SHOWN_TEXT_CHARS = 2000
 MAX_LISTED_SAMPLES = 20
+# what the scores are for → (what is refused, the scope of the failure fraction, the remedy without any score, the
+# remedy with some): the trainer's batches, or main_eval's report
+PURPOSES = {
+    "train": ("train on", "the batch", "no setting trains on a batch without rewards", "train on"),
+    "report": ("report", "the responses", "no setting reports on responses without scores", "report anyway"),
+}
 
 
 class RewardFailure(RuntimeError):
@@ -127,8 +133,10 @@ class NaiveRewardManager:
         config: RewardConfig | None = None,
         overlong_buffer: OverlongBufferConfig | None = None,
         max_response_length: int | None = None,
+        purpose: str = "train",
     ):
         self.tokenizer = tokenizer
+        self.purpose = PURPOSES[purpose]
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
         self.config = config or RewardConfig()
@@ -168,7 +176,7 @@ class NaiveRewardManager:
         last = (mask * positions).argmax(-1) if width else torch.zeros(batch_size, dtype=torch.long)
         texts = self._decode(responses, torch.where(lengths > 0, last + 1, 0))
         calls = self._calls(data, texts)
-        scored = [interpret_outcome(o, self.config.error_score) for o in self._run(calls)]
+        scored, metrics = self.score_calls(calls)
 
         scores = torch.tensor([s.score for s in scored], dtype=torch.float32)
         extra: dict[str, np.ndarray] = {"score": scores.numpy().astype(np.float64)}
@@ -181,8 +189,14 @@ class NaiveRewardManager:
         token_level_scores = torch.zeros(batch_size, width, dtype=torch.float32)
         if width:
             token_level_scores.scatter_(1, last.cpu()[:, None], rewards[:, None])
-        metrics = self._account(scored, calls, texts)
         return RewardResult(token_level_scores.to(responses.device), extra, metrics)
+
+    def score_calls(self, calls: list[dict]) -> tuple[list[_Scored], dict[str, float]]:
+        """Score reward-function calls (data_source, solution_str, ground_truth, extra_info), in the isolated pool
+        unless reward.num_workers=0: failures get reward.error_score, are logged and counted, and too many of them
+        raise RewardFailure. Returns every call's outcome and the reward/errors, timeouts and error_rate metrics."""
+        scored = [interpret_outcome(o, self.config.error_score) for o in self._run(calls)]
+        return scored, self._account(scored, calls, [call["solution_str"] for call in calls])
 
     def length_shaping(self, lengths: torch.Tensor, extra: dict[str, np.ndarray]) -> torch.Tensor:
         """Added to each sample's score (the naive manager adds nothing)."""
@@ -260,14 +274,15 @@ class NaiveRewardManager:
             counts += f"; {unscored} samples left unscored once the outcome was certain"
         shown = ", ".join(map(str, failed[:MAX_LISTED_SAMPLES])) + (
             f", ... ({len(failed) - MAX_LISTED_SAMPLES} more)" if len(failed) > MAX_LISTED_SAMPLES else "")
+        refused, scope, no_remedy, relaxed = self.purpose
         if len(failed) == n:
-            why, remedy = "every sample", "Fix the reward function (no setting trains on a batch without rewards)."
+            why, remedy = "every sample", f"Fix the reward function ({no_remedy})."
         else:
-            why = f"more than reward.max_error_fraction={limit} of the batch"
-            remedy = (f"Fix the reward function, or set reward.max_error_fraction=1.0 to train on, with "
+            why = f"more than reward.max_error_fraction={limit} of {scope}"
+            remedy = (f"Fix the reward function, or set reward.max_error_fraction=1.0 to {relaxed}, with "
                       f"reward.error_score={self.config.error_score:g} for the failed samples.")
         return (
-            f"{len(failed)}/{n} reward computations failed ({counts}): {why}. Refusing to train on made-up rewards. "
+            f"{len(failed)}/{n} reward computations failed ({counts}): {why}. Refusing to {refused} made-up rewards. "
             f"Failed samples: {shown}. {remedy} First failure:\n"
             + self._failure_report(failed[0], scored, calls, texts)
         )

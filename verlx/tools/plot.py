@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+from verlx.utils.paths import expand_path
 
 DEFAULT_NAME = "training_curves.png"
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # how the file logger writes them
@@ -243,7 +244,7 @@ def _title(metrics: Metrics) -> str:
 
 def resolve_input(target: str) -> str:
     """A run directory means its metrics.jsonl."""
-    path = os.path.expanduser(target)
+    path = expand_path(target)
     return os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
 
 
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         what = "is empty" if metrics.rows == 0 and not metrics.skipped_lines else "holds no complete metric rows"
         print(f"error: {path} {what}; nothing to plot yet (has the run logged its first step?)", file=sys.stderr)
         return 1
-    out = os.path.expanduser(args.out) if args.out else os.path.join(os.path.dirname(os.path.abspath(path)),
+    out = expand_path(args.out) if args.out else os.path.join(os.path.dirname(os.path.abspath(path)),
                                                                      DEFAULT_NAME)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     plot_metrics(metrics, _title(metrics)).savefig(out, dpi=100)

@@ -19,6 +19,7 @@ import torch
 
 from verlx.config.loader import ConfigError
 from verlx.trainer.checkpoint_manifest import has_manifest, verify_manifest, write_manifest
+from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ def resolve_resume_path(trainer_cfg) -> str | None:
     if trainer_cfg.resume_mode == "disable":
         return None
     if trainer_cfg.resume_mode == "auto":
-        return newest_intact(os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir)))
-    path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
+        return newest_intact(expand_path(trainer_cfg.default_local_dir, absolute=True))
+    path = expand_path(trainer_cfg.resume_from_path, absolute=True)
     problem = checkpoint_damage(path)
     if problem is not None:
         raise ConfigError([f"trainer.resume_from_path={trainer_cfg.resume_from_path}: cannot resume from {path}: "

@@ -8,6 +8,7 @@ import os
 import torch
 
 from verlx.protocol import DataProto
+from verlx.utils.paths import expand_path
 
 
 def decode_texts(batch: DataProto, tokenizer) -> tuple[list[str], list[str]]:
@@ -52,6 +53,6 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 def dump_generations(directory: str, step: int, batch: DataProto, tokenizer) -> str:
     scores = batch.batch["token_level_scores"].sum(-1)
-    path = os.path.join(os.path.expanduser(directory), f"{step}.jsonl")
+    path = os.path.join(expand_path(directory), f"{step}.jsonl")
     write_jsonl(path, generation_records(batch, tokenizer, scores))
     return path

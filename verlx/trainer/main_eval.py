@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import traceback
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -24,9 +23,9 @@ from verlx.config.loader import (
     ConfigError,
 )
 from verlx.trainer.entrypoint import hydra_command
+from verlx.utils.paths import expand_path
 
 logger = logging.getLogger("verlx")
-SHOWN_TEXT_CHARS = 1000
 
 
 @dataclass
@@ -40,12 +39,8 @@ class Generations:
     extra_infos: list
 
 
-def _expand(path: str) -> str:
-    return os.path.abspath(os.path.expanduser(os.path.expandvars(path)))
-
-
 def default_output_path(data_path: str) -> str:
-    stem = _expand(data_path).removesuffix(".parquet")
+    stem = expand_path(data_path, absolute=True).removesuffix(".parquet")
     return f"{stem}.eval.json"
 
 
@@ -54,7 +49,7 @@ def load_generations(config: EvaluationConfig) -> Generations:
     import pyarrow.parquet as pq
 
     d = config.data
-    path = _expand(d.path)
+    path = expand_path(d.path, absolute=True)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data.path: file {d.path!r} does not exist (write one with main_generation)")
     table = pq.read_table(path)
@@ -90,12 +85,11 @@ def load_generations(config: EvaluationConfig) -> Generations:
 
 
 def score_all(generations: Generations, config: EvaluationConfig):
-    """Every response's outcome (verlx.reward's interpretation: score, status, error), row by row, in file order."""
-    from verlx.reward.isolation import ScoreOutcome, ScorePool
+    """Every response's outcome (score, status, error), row by row, in file order, from verlx.reward's manager:
+    scored in its isolated pool, failures logged and counted, too many of them refused (RewardFailure)."""
     from verlx.reward.loading import load_reward_function
-    from verlx.reward.managers import interpret_outcome
+    from verlx.reward.managers import NaiveRewardManager
 
-    fn = load_reward_function(config.custom_reward_function)
     calls = [
         dict(data_source=source, solution_str=text, ground_truth=truth,
              extra_info=dict(info) if isinstance(info, dict) else info)
@@ -103,43 +97,10 @@ def score_all(generations: Generations, config: EvaluationConfig):
                                               generations.ground_truths, generations.extra_infos)
         for text in texts
     ]
-    r = config.reward
-    if r.num_workers > 0:
-        with ScorePool(fn, r.num_workers, r.timeout_s) as pool:
-            outcomes = pool.map(calls, max_failures=math.floor(r.max_error_fraction * len(calls)))
-    else:
-        outcomes = []
-        for call in calls:
-            try:
-                outcomes.append(ScoreOutcome("ok", fn(**call)))
-            except Exception:
-                outcomes.append(ScoreOutcome("error", traceback=traceback.format_exc()))
-    return calls, [interpret_outcome(o, r.error_score) for o in outcomes]
-
-
-def check_failures(calls: list[dict], scored: list, config: EvaluationConfig) -> None:
-    """Show the first failures; refuse a report built on too many made-up scores."""
-    from verlx.reward.managers import RewardFailure
-
-    failed = [i for i, s in enumerate(scored) if s.status != "ok"]
-    for i in failed[: config.reward.show_errors]:
-        logger.warning("reward computation failed:\n%s", _failure_report(calls[i], scored[i]))
-    limit = config.reward.max_error_fraction
-    if failed and (len(failed) == len(scored) or len(failed) > limit * len(scored)):
-        raise RewardFailure(
-            f"{len(failed)}/{len(scored)} reward computations failed (more than reward.max_error_fraction={limit}, "
-            f"or all); the report would be made of reward.error_score values. Fix the reward function, or set "
-            f"reward.max_error_fraction=1.0 to report anyway (failures are counted per data source). First failure:\n"
-            + _failure_report(calls[failed[0]], scored[failed[0]])
-        )
-
-
-def _failure_report(call: dict, scored) -> str:
-    text = call["solution_str"]
-    if len(text) > SHOWN_TEXT_CHARS:
-        text = text[:SHOWN_TEXT_CHARS] + f"[... {len(text) - SHOWN_TEXT_CHARS} more characters]"
-    return (f"({scored.status}) data_source={call['data_source']!r}, ground_truth={call['ground_truth']!r}\n"
-            f"response:\n{text}\n{scored.error.rstrip()}")
+    fn = load_reward_function(config.custom_reward_function)
+    with NaiveRewardManager(None, fn, config=config.reward, purpose="report") as manager:
+        scored, _ = manager.score_calls(calls)
+    return calls, scored
 
 
 def build_report(generations: Generations, scored: list, pass_threshold: float) -> dict[str, dict]:
@@ -195,12 +156,11 @@ def run_eval(config: EvaluationConfig) -> dict:
     if not math.isfinite(config.metrics.pass_threshold):
         raise ConfigError([f"metrics.pass_threshold={config.metrics.pass_threshold} must be a finite number"])
     generations = load_generations(config)
-    calls, scored = score_all(generations, config)
-    check_failures(calls, scored, config)
+    _, scored = score_all(generations, config)
     report = build_report(generations, scored, config.metrics.pass_threshold)
     payload = {"data_path": generations.path, "pass_threshold": config.metrics.pass_threshold,
                "rows": len(generations.responses), "samples": len(scored), "data_sources": report}
-    output = _expand(config.output_path) if config.output_path else default_output_path(generations.path)
+    output = expand_path(config.output_path, absolute=True) if config.output_path else default_output_path(generations.path)
     write_json(output, payload)
     print(format_table(report))
     print(f"wrote {output}")

@@ -21,14 +21,13 @@ import torch
 
 from verlx.config.engine import ModelConfig
 from verlx.config.generation import GenerationConfig
-from verlx.config.loader import (
-    ConfigError,
-)
+from verlx.config.loader import Findings
 from verlx.config.roles import ActorRolloutRefConfig
 from verlx.config.run import TrainerConfig
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 from verlx.trainer.entrypoint import hydra_command
+from verlx.utils.paths import expand_path
 
 logger = logging.getLogger("verlx")
 RESPONSES_COLUMN = "responses"
@@ -36,12 +35,8 @@ RESPONSES_COLUMN = "responses"
 METADATA_KEY = b"verlx.generation_config"
 
 
-def _expand(path: str) -> str:
-    return os.path.abspath(os.path.expanduser(os.path.expandvars(path)))
-
-
 def default_output_path(data_path: str) -> str:
-    return f"{_expand(data_path).removesuffix('.parquet')}.generations.parquet"
+    return f"{expand_path(data_path, absolute=True).removesuffix('.parquet')}.generations.parquet"
 
 
 # ---------------------------------------------------------------------- checks
@@ -52,46 +47,38 @@ def validate(config: GenerationConfig) -> None:
     from verlx.utils.registry import did_you_mean
 
     d, r, t = config.data, config.rollout, config.trainer
-    problems = []
-
-    def require(ok: bool, message: str) -> None:
-        if not ok:
-            problems.append(message)
-
-    require(os.path.isfile(_expand(d.path)), f"data.path: file {d.path!r} does not exist")
-    model_dir = _expand(config.model.path)
-    require(os.path.isfile(os.path.join(model_dir, "config.json")),
-            f"model.path: {config.model.path!r} is not a HuggingFace model directory (no config.json)")
-    require(d.n_samples >= 1, f"data.n_samples={d.n_samples} must be >= 1")
-    require(d.batch_size >= 1, f"data.batch_size={d.batch_size} must be >= 1")
+    f = Findings()
+    f.require(os.path.isfile(expand_path(d.path, absolute=True)), f"data.path: file {d.path!r} does not exist")
+    model_dir = expand_path(config.model.path, absolute=True)
+    f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
+              f"model.path: {config.model.path!r} is not a HuggingFace model directory (no config.json)")
+    f.require(d.n_samples >= 1, f"data.n_samples={d.n_samples} must be >= 1")
+    f.require(d.batch_size >= 1, f"data.batch_size={d.batch_size} must be >= 1")
     greedy = not r.do_sample or r.temperature <= 0
-    require(not (greedy and d.n_samples > 1),
-            f"data.n_samples={d.n_samples} with greedy decoding (rollout.do_sample={r.do_sample}, rollout.temperature="
-            f"{r.temperature}) gives {d.n_samples} identical responses; sample (temperature > 0) or set n_samples=1")
-    truncations = ["error", *PROMPT_TRUNCATIONS.names()]
-    require(d.truncation in truncations,
-            f"data.truncation={d.truncation!r} is not one of {truncations}.{did_you_mean(d.truncation, truncations)}")
-    require(r.n == 1, f"rollout.n={r.n}: the number of samples per prompt is data.n_samples; leave rollout.n at 1")
-    require(not r.load_format.startswith("dummy"),
-            f"rollout.load_format={r.load_format}: nothing pushes weights into the engine here, so it must load them "
-            "from model.path; use load_format=auto")
-    require(not (r.free_cache_engine and r.sleep_level == 2),
-            "rollout.free_cache_engine=true with rollout.sleep_level=2 discards the weights between batches and "
-            "nothing can push them back; use sleep_level=1 or free_cache_engine=false")
-    require(r.prompt_length >= 1 and r.response_length >= 1,
-            f"rollout.prompt_length={r.prompt_length} and rollout.response_length={r.response_length} must be >= 1")
-    require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
-            f"trainer.nnodes={t.nnodes} and trainer.n_gpus_per_node={t.n_gpus_per_node} must be >= 1")
+    f.require(not (greedy and d.n_samples > 1),
+              f"data.n_samples={d.n_samples} with greedy decoding (rollout.do_sample={r.do_sample}, rollout.temperature="
+              f"{r.temperature}) gives {d.n_samples} identical responses; sample (temperature > 0) or set n_samples=1")
+    f.choice("data.truncation", d.truncation, ["error", *PROMPT_TRUNCATIONS.names()])
+    f.require(r.n == 1, f"rollout.n={r.n}: the number of samples per prompt is data.n_samples; leave rollout.n at 1")
+    f.require(not r.load_format.startswith("dummy"),
+              f"rollout.load_format={r.load_format}: nothing pushes weights into the engine here, so it must load them "
+              "from model.path; use load_format=auto")
+    f.require(not (r.free_cache_engine and r.sleep_level == 2),
+              "rollout.free_cache_engine=true with rollout.sleep_level=2 discards the weights between batches and "
+              "nothing can push them back; use sleep_level=1 or free_cache_engine=false")
+    f.require(r.prompt_length >= 1 and r.response_length >= 1,
+              f"rollout.prompt_length={r.prompt_length} and rollout.response_length={r.response_length} must be >= 1")
+    f.require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
+              f"trainer.nnodes={t.nnodes} and trainer.n_gpus_per_node={t.n_gpus_per_node} must be >= 1")
     world = t.nnodes * t.n_gpus_per_node
-    require(r.tensor_model_parallel_size >= 1 and world % r.tensor_model_parallel_size == 0,
-            f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size} must divide the {world} workers "
-            "(trainer.nnodes × trainer.n_gpus_per_node)")
+    f.require(r.tensor_model_parallel_size >= 1 and world % r.tensor_model_parallel_size == 0,
+              f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size} must divide the {world} workers "
+              "(trainer.nnodes × trainer.n_gpus_per_node)")
     _import_builtin_engines()
-    if r.name != "auto" and r.name not in ROLLOUT_ENGINES:
-        problems.append(f"rollout.name={r.name!r} is not a registered engine: {', '.join(ROLLOUT_ENGINES.names())}."
-                        + did_you_mean(r.name, ROLLOUT_ENGINES.names()))
-    if problems:
-        raise ConfigError(problems)
+    f.require(r.name == "auto" or r.name in ROLLOUT_ENGINES,
+              f"rollout.name={r.name!r} is not a registered engine: {', '.join(ROLLOUT_ENGINES.names())}."
+              + did_you_mean(r.name, ROLLOUT_ENGINES.names()))
+    f.raise_problems()
 
 
 def worker_config(config: GenerationConfig) -> PPOConfig:
@@ -205,7 +192,7 @@ def write_output(table, responses: list[list[str]], config: GenerationConfig) ->
     metadata = dict(table.schema.metadata or {})
     metadata[METADATA_KEY] = json.dumps(asdict(config), default=str).encode()
     table = table.replace_schema_metadata(metadata)
-    output = _expand(config.data.output_path) if config.data.output_path else default_output_path(config.data.path)
+    output = expand_path(config.data.output_path, absolute=True) if config.data.output_path else default_output_path(config.data.path)
     return write_parquet_atomic(table, output)
 
 
@@ -220,17 +207,17 @@ def run_generation(config: GenerationConfig) -> str:
         RayResourcePool,
         RayWorkerGroup,
     )
-    from verlx.trainer.main_ppo import resolve_device, start_ray
+    from verlx.trainer.ray_startup import start_ray, use_gpus
     from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from verlx.workers.tokenizer import load_tokenizer
 
     validate(config)
     config.rollout.name = resolve_engine_name(config.rollout.name)
     ppo_config = worker_config(config)
-    use_gpu = resolve_device(ppo_config)
+    use_gpu = use_gpus(ppo_config)
     m = config.model
-    tokenizer = load_tokenizer(_expand(m.tokenizer_path or m.path), m.trust_remote_code, m.custom_chat_template)
-    table = pq.read_table(_expand(config.data.path))
+    tokenizer = load_tokenizer(expand_path(m.tokenizer_path or m.path, absolute=True), m.trust_remote_code, m.custom_chat_template)
+    table = pq.read_table(expand_path(config.data.path, absolute=True))
     if config.data.max_samples > 0:
         table = table.slice(0, config.data.max_samples)
     if table.num_rows == 0:
@@ -254,7 +241,7 @@ def run_generation(config: GenerationConfig) -> str:
         pool.release()
     output = write_output(table, responses, config)
     if config.ray_kwargs.timeline_json_file:
-        ray.timeline(filename=_expand(config.ray_kwargs.timeline_json_file))
+        ray.timeline(filename=expand_path(config.ray_kwargs.timeline_json_file, absolute=True))
     print(f"wrote {len(responses)} rows × {config.data.n_samples} responses to {output}")
     return output
 

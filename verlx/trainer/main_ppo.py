@@ -6,7 +6,6 @@ Everything that can be wrong with the input is checked here, before Ray starts o
 from __future__ import annotations
 
 import logging
-import os
 
 from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
@@ -14,20 +13,10 @@ from verlx.config.validation import validate
 from verlx.reward.managers import RewardFailure
 from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
 from verlx.trainer.entrypoint import hydra_command
+from verlx.trainer.ray_startup import start_ray, use_gpus
 from verlx.trainer.resume import NothingToDo, stop_if_finished
 
 logger = logging.getLogger("verlx")
-
-
-def resolve_device(config: PPOConfig) -> bool:
-    """True when training on GPUs. A run asking for cuda on a machine without one falls back to CPU workers."""
-    import torch
-
-    if config.trainer.device == "cuda" and not torch.cuda.is_available():
-        logger.warning("trainer.device=cuda but no GPU is visible: running on CPU with %d worker processes per node "
-                       "(trainer.n_gpus_per_node)", config.trainer.n_gpus_per_node)
-        config.trainer.device = "cpu"
-    return config.trainer.device == "cuda"
 
 
 def check_greedy_baseline(config: PPOConfig) -> None:
@@ -49,7 +38,7 @@ def prepare(config: PPOConfig):
     from verlx.utils.tracking import check_loggers
     from verlx.workers.tokenizer import load_tokenizer
 
-    use_gpu = resolve_device(config)
+    use_gpu = use_gpus(config)
     validate(config)
     rollout = config.actor_rollout_ref.rollout
     rollout.name = resolve_engine_name(rollout.name)
@@ -60,23 +49,6 @@ def prepare(config: PPOConfig):
     train_loader, val_loader = build_dataloaders(config, tokenizer)
     reward_fn = build_reward_manager(config, tokenizer)
     return use_gpu, tokenizer, train_loader, val_loader, reward_fn
-
-
-def start_ray(config: PPOConfig, use_gpu: bool) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    init = config.ray_kwargs.ray_init
-    env = {"TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
-    if init.address:
-        kwargs["address"] = init.address
-    else:
-        workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        kwargs["num_cpus"] = init.num_cpus or max(os.cpu_count() or 1, workers + 1)
-    ray.init(**kwargs)
 
 
 def run_ppo(config: PPOConfig) -> dict[str, float]:

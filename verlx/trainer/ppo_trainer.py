@@ -34,6 +34,7 @@ from verlx.trainer.perf_metrics import (
 from verlx.trainer.resume import ResumePoint, plan_resume
 from verlx.trainer.validation import Validator
 from verlx.utils.seqlen_balancing import balance_batch
+from verlx.utils.paths import expand_path
 from verlx.utils.timer import timed
 from verlx.utils.tracking import Tracking
 from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
@@ -120,7 +121,7 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
         t = self.config.trainer
-        root = os.path.abspath(os.path.expanduser(t.default_local_dir))
+        root = expand_path(t.default_local_dir, absolute=True)
         os.makedirs(root, exist_ok=True)
         tmp = checkpointing.temp_step_dir(root, self.global_step)
         self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"))
@@ -157,7 +158,7 @@ class RayPPOTrainer:
     def fit(self) -> dict[str, float]:
         t = self.config.trainer
         tracker = Tracking(t.loggers, t.project_name, t.experiment_name, dataclasses.asdict(self.config),
-                           os.path.expanduser(t.output_dir))
+                           expand_path(t.output_dir))
         validator = Validator(self.config, self.actor_rollout_wg, self.val_reward_fn, self.tokenizer)
         self.load_checkpoint()
         last_metrics: dict[str, float] = {}
@@ -324,7 +325,6 @@ class RayPPOTrainer:
 
 def _load_model_config(config: PPOConfig):
     from verlx.models.hf_config import load_hf_config
-    from verlx.utils.paths import expand_path
 
     model = config.actor_rollout_ref.model
     return load_hf_config(expand_path(model.path), model.trust_remote_code, model.override_config)

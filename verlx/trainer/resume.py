@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from verlx.config.loader import ConfigError
 from verlx.trainer import checkpointing
+from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ def plan_resume(config, hf_config, total_steps: int, use_critic: bool) -> Resume
     """The verified checkpoint to resume from with its driver state, or None to start fresh. Raises ConfigError for
     a damaged explicit path or for settings that must match the checkpoint."""
     t = config.trainer
-    checkpointing.remove_stale_temps(os.path.abspath(os.path.expanduser(t.default_local_dir)))
+    checkpointing.remove_stale_temps(expand_path(t.default_local_dir, absolute=True))
     path = checkpointing.resolve_resume_path(t)
     if path is None:
         return None

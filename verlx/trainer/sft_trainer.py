@@ -8,6 +8,7 @@ loss curve for the same global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -27,9 +28,12 @@ from verlx.data.sft_dataset import (
 )
 from verlx.models.response_nll import ResponseNLL
 from verlx.trainer.sft_eval import greedy_accuracy
-from verlx.trainer.sft_metrics import MetricsLogger
 from verlx.utils.cpu_threads import CpuThreads
+from verlx.utils.device import resolve_device
 from verlx.utils.lr_schedules import lr_multiplier
+from verlx.utils.tracking import Tracking
+from verlx.workers.tokenizer import stop_token_ids
+from verlx.utils.paths import expand_path
 
 
 def _dtype_kwarg(dtype: torch.dtype) -> dict:
@@ -38,22 +42,6 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict:
     from packaging.version import Version
 
     return {"dtype": dtype} if Version(transformers.__version__) >= Version("4.56") else {"torch_dtype": dtype}
-
-
-def stop_token_ids(model_path: str, tokenizer, trust_remote_code: bool = False) -> list[int]:
-    """generation_config.eos_token_id when the checkpoint has one (first = end of the assistant turn), else the
-    tokenizer's eos."""
-    from transformers import GenerationConfig
-
-    try:
-        eos = GenerationConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).eos_token_id
-    except OSError:
-        eos = None
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError(f"{model_path}: neither generation_config.json nor the tokenizer names an eos token")
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
 def checkpoint_dtype(model_path: str, trust_remote_code: bool = False) -> torch.dtype:
@@ -65,15 +53,6 @@ def checkpoint_dtype(model_path: str, trust_remote_code: bool = False) -> torch.
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
-
-
-def resolve_device(name: str, local_rank: int) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 class EpochBatches:
@@ -120,7 +99,7 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def write_atomically(directory: str, write) -> None:
     """write(tmp_dir), then rename it to `directory` (an existing one is moved aside first, then removed)."""
-    directory = os.path.abspath(os.path.expanduser(directory))
+    directory = expand_path(directory, absolute=True)
     os.makedirs(os.path.dirname(directory), exist_ok=True)
     tmp, old = f"{directory}.tmp-{os.getpid()}", f"{directory}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -137,12 +116,14 @@ class SFTTrainer:
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = resolve_device(cfg.trainer.device, local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self.cpu_threads = CpuThreads() if self.device.type == "cpu" else None
         torch.manual_seed(cfg.trainer.seed)
         m, d = cfg.model, cfg.data
-        self.model_path = os.path.abspath(os.path.expanduser(m.partial_pretrain))
+        self.model_path = expand_path(m.partial_pretrain, absolute=True)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=m.trust_remote_code)
-        self.eos_ids = stop_token_ids(self.model_path, self.tokenizer, m.trust_remote_code)
+        self.eos_ids = stop_token_ids(self.tokenizer, self.model_path, m.trust_remote_code)
         self.save_dtype = checkpoint_dtype(self.model_path, m.trust_remote_code)
         lm = AutoModelForCausalLM.from_pretrained(
             self.model_path,
@@ -182,7 +163,8 @@ class SFTTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_multiplier(o.lr_scheduler, self.total_steps, warmup, o.min_lr_ratio)
         )
-        self.metrics = MetricsLogger(t.loggers, os.path.expanduser(t.output_dir), enabled=rank == 0)
+        self.metrics = Tracking(t.loggers if rank == 0 else [], t.project_name, t.experiment_name,
+                                dataclasses.asdict(cfg), expand_path(t.output_dir))
 
     def _load_val(self) -> dict:
         d = self.cfg.data
@@ -252,7 +234,7 @@ class SFTTrainer:
         if self.cpu_threads is not None:
             metrics["perf/cpu_threads"] = self.cpu_threads.threads
             self.cpu_threads.adjust()
-        self.metrics.log(step, metrics)
+        self.metrics.log(metrics, step)
         return metrics
 
     def validate(self, full: dict[str, torch.Tensor] | None = None):
@@ -288,7 +270,7 @@ class SFTTrainer:
         """save_pretrained (model in the checkpoint's dtype, tokenizer, generation config) into default_local_dir."""
         from transformers import AutoModelForCausalLM, GenerationConfig
 
-        target = os.path.abspath(os.path.expanduser(self.cfg.trainer.default_local_dir))
+        target = expand_path(self.cfg.trainer.default_local_dir, absolute=True)
         if self.rank == 0:
             model = AutoModelForCausalLM.from_config(
                 self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code, **_dtype_kwarg(self.save_dtype)
@@ -337,7 +319,7 @@ class SFTTrainer:
                 losses, norms, lrs, tokens = [], [], [], 0
             if validate_now:
                 metrics, _ = self.validate()
-                self.metrics.log(step, metrics)
+                self.metrics.log(metrics, step)
                 if t.target_val_accuracy is not None and metrics["val/accuracy"] >= t.target_val_accuracy:
                     self._print(
                         f"validation accuracy {metrics['val/accuracy']:.3f} reached trainer.target_val_accuracy="
@@ -357,6 +339,6 @@ class SFTTrainer:
             final.update(metrics)
         final["timing_s/elapsed"] = time.perf_counter() - start
         final["train/steps"] = last_step
-        self.metrics.log(last_step, final)
-        self.metrics.close()
+        self.metrics.log(final, last_step)
+        self.metrics.finish()
         return final

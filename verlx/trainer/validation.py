@@ -13,6 +13,7 @@ import numpy as np
 
 from verlx.reward.managers import RewardFailure
 from verlx.trainer.generation_dump import generation_records, write_jsonl
+from verlx.utils.paths import expand_path
 
 GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
@@ -70,7 +71,7 @@ class Validator:
             failed = f" ({record['reward_status']})" if record.get("reward_status", "ok") != "ok" else ""
             print(f"[validation] {record['prompt']!r} -> {record['response']!r} score={record['score']}{failed}")
         if t.validation_data_dir:
-            write_jsonl(os.path.join(os.path.expanduser(t.validation_data_dir), f"val_{self.runs}.jsonl"), records)
+            write_jsonl(os.path.join(expand_path(t.validation_data_dir), f"val_{self.runs}.jsonl"), records)
 
 
 def summarise(scores: np.ndarray, sources: np.ndarray, n: int, extras: dict[str, np.ndarray],

@@ -1,4 +1,4 @@
-"""Metric loggers selected by `trainer.logger`: console, file (JSONL), tensorboard, wandb, mlflow."""
+"""Metric loggers selected by `trainer.logger` (PPO and SFT): console, file (JSONL), tensorboard, wandb, mlflow."""
 
 from __future__ import annotations
 
@@ -30,6 +30,15 @@ CONSOLE_COLUMNS = (
     (r"val-aux/(?P<source>.+)/reward/(errors|timeouts)", "val_fail", "{:.0f}"),
     (r"timing_s/gen", "gen_s", "{:.1f}"),
     (r"timing_s/step", "step_s", "{:.1f}"),
+    # SFT
+    (r"train/loss", "loss", "{:.4f}"),
+    (r"train/lr", "lr", "{:.2e}"),
+    (r"train/grad_norm", "grad_norm", "{:.3f}"),
+    (r"perf/tokens_per_s", "tok/s", "{:,.0f}"),
+    (r"val/accuracy", "val_acc", "{:.3f}"),
+    (r"val/num_samples", "val_n", "{:.0f}"),
+    (r"perf/cpu_threads", "threads", "{:.0f}"),
+    (r"timing_s/elapsed", "t", "{:.0f}s"),
 )
 _CONSOLE_PATTERNS = [(re.compile(pattern), label, fmt) for pattern, label, fmt in CONSOLE_COLUMNS]
 

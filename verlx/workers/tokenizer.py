@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+from verlx.utils.paths import expand_path
+
 logger = logging.getLogger(__name__)
 
 
@@ -25,14 +27,15 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, custom_chat_templ
     return tokenizer
 
 
-def stop_token_ids(tokenizer, model_path: str) -> list[int]:
-    """generation_config.eos_token_id (int or list) when the model has one, else the tokenizer's eos id."""
+def stop_token_ids(tokenizer, model_path: str, trust_remote_code: bool = False) -> list[int]:
+    """generation_config.eos_token_id (an int or a list; the first ends the assistant turn) when the model has one,
+    else the tokenizer's eos id."""
     from transformers import GenerationConfig
 
     ids: list[int] = []
     try:
-        eos = GenerationConfig.from_pretrained(os.path.expanduser(model_path)).eos_token_id
-        ids = [eos] if isinstance(eos, int) else list(eos or [])
+        eos = GenerationConfig.from_pretrained(expand_path(model_path), trust_remote_code=trust_remote_code).eos_token_id
+        ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])]
     except (OSError, ValueError):
         pass
     if not ids and tokenizer.eos_token_id is not None:

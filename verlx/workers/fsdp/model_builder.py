@@ -12,6 +12,7 @@ from verlx.models.attention import register_packed_attention
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.models.lora import apply_lora
 from verlx.models.policy import PolicyModel, ValueModel, decoder_layers
+from verlx.utils.lr_schedules import optim_lr_multiplier
 from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
@@ -150,29 +151,6 @@ def build_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
     )
 
 
-def lr_factor(optim_cfg, total_steps: int):
-    """step → learning-rate multiplier: linear warm-up, then constant or cosine down to min_lr_ratio."""
-    import math
-
-    total = optim_cfg.total_training_steps if optim_cfg.total_training_steps > 0 else total_steps
-    warmup = optim_cfg.lr_warmup_steps
-    if warmup < 0:
-        warmup = int(optim_cfg.lr_warmup_steps_ratio * total)
-    kind = optim_cfg.warmup_style or optim_cfg.lr_scheduler_type
-    min_ratio, cycles = optim_cfg.min_lr_ratio, optim_cfg.num_cycles
-
-    def factor(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * cycles * progress))
-        return min_ratio + (1.0 - min_ratio) * cosine
-
-    return factor
-
-
 def build_lr_scheduler(optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up, then constant or cosine down to min_lr_ratio."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(optim_cfg, total_steps))
+    """The optim section's schedule (verlx.utils.lr_schedules) on a torch optimizer."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, optim_lr_multiplier(optim_cfg, total_steps))

@@ -8,13 +8,14 @@ import os
 from verlx.workers.megatron import INSTALL_COMMAND, megatron_core_available
 from verlx.workers.megatron.architectures import ARCHITECTURES
 from verlx.workers.megatron.parallel import check_layout
+from verlx.utils.paths import expand_path
 
 _SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
           "virtual_pipeline_model_parallel_size")
 
 
 def _model_shape(path: str) -> dict | None:
-    config_file = os.path.join(os.path.expanduser(os.path.expandvars(path)), "config.json")
+    config_file = os.path.join(expand_path(path), "config.json")
     if not os.path.isfile(config_file):
         return None  # reported by the path checks
     with open(config_file) as f:

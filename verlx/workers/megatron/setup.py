@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from verlx.workers.fsdp.model_builder import lr_factor
+from verlx.utils.lr_schedules import optim_lr_multiplier
 from verlx.workers.megatron import require_megatron_core, transformer_engine_available
 from verlx.workers.megatron.architectures import ModelDims
 from verlx.workers.megatron.parallel import ParallelLayout, require_layout
@@ -93,12 +93,12 @@ def wrap_for_training(chunks, config, mcfg, optim_cfg, grad_clip: float):
 
 
 class FactorLRScheduler:
-    """The FSDP backend's warm-up/cosine schedule applied to a megatron optimizer's parameter groups."""
+    """The optim section's schedule (verlx.utils.lr_schedules) applied to a megatron optimizer's parameter groups."""
 
     def __init__(self, optimizer, optim_cfg, total_steps: int):
         self.optimizer = optimizer
         self.base_lr = optim_cfg.lr
-        self.factor = lr_factor(optim_cfg, total_steps)
+        self.factor = optim_lr_multiplier(optim_cfg, total_steps)
         self.last_step = 0
         self._apply()
 
