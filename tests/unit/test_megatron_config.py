@@ -94,3 +94,16 @@ def test_strategy_registry_and_command_line():
     with pytest.raises(KeyError, match="Did you mean 'megatron'"):
         engine_class("megatronn")
     assert override_args(["--config-name", "ppo_megatron_trainer", "trainer.nnodes=1"]) == ["trainer.nnodes=1"]
+
+
+def test_exact_kl_needs_fsdp(tmp_path):
+    full = _config(tmp_path, "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=full",
+                   "algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full")
+    assert [p for p in megatron_problems(full, 8, True) if "exact KL" in p] == [
+        "actor_rollout_ref.actor.kl_loss_type=full (the exact KL over the full vocabulary) needs "
+        "actor_rollout_ref.actor.strategy=fsdp; the megatron engine computes KLs from sampled tokens: use low_var_kl, "
+        "kl, mse or abs",
+        "algorithm.kl_penalty=full (the exact KL over the full vocabulary) needs actor_rollout_ref.actor.strategy=fsdp; "
+        "the megatron engine computes KLs from sampled tokens: use low_var_kl, kl, mse or abs"]
+    sampled = _config(tmp_path, "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.kl_penalty=full")
+    assert megatron_problems(sampled, 8, True) == []  # kl_penalty only matters with use_kl_in_reward

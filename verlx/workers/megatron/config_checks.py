@@ -62,6 +62,8 @@ def megatron_problems(cfg, world_size: int, megatron_installed: bool | None = No
         if m.expert_model_parallel_size != 1:
             problems.append(f"{key}.expert_model_parallel_size={m.expert_model_parallel_size}: only dense models "
                             "are supported; set it to 1")
+    if actor_meg:
+        problems += _exact_kl_problems(cfg)
     first_key, first, _ = roles[0]
     for key, m, _ in roles[1:]:
         differing = [s for s in _SIZES if getattr(m, s) != getattr(first, s)]
@@ -69,6 +71,18 @@ def megatron_problems(cfg, world_size: int, megatron_installed: bool | None = No
             problems.append(f"{key} differs from {first_key} in {differing}: megatron keeps one parallel layout "
                             "per process, so colocated roles must use the same sizes")
     return problems
+
+
+def _exact_kl_problems(cfg) -> list[str]:
+    """The exact (full-vocabulary) KL needs the reference's hidden states next to the policy's: fsdp only."""
+    arr, algorithm = cfg.actor_rollout_ref, cfg.algorithm
+    uses = []
+    if arr.actor.use_kl_loss and arr.actor.kl_loss_type == "full":
+        uses.append("actor_rollout_ref.actor.kl_loss_type=full")
+    if algorithm.use_kl_in_reward and algorithm.kl_penalty == "full":
+        uses.append("algorithm.kl_penalty=full")
+    return [f"{use} (the exact KL over the full vocabulary) needs actor_rollout_ref.actor.strategy=fsdp; the megatron "
+            "engine computes KLs from sampled tokens: use low_var_kl, kl, mse or abs" for use in uses]
 
 
 def model_parallel_size(role_cfg) -> int:

@@ -82,8 +82,8 @@ class MegatronEngine(TrainingEngine):
         if head.kind == "values":
             return {"values": chunk.values(hidden, aligned)}
         if head.kind != "log_probs" or head.kl_reference is not None:
-            raise NotImplementedError("the exact KL (a kl_penalty or kl_loss_type over the full distribution) needs "
-                                      "the fsdp strategy; the megatron backend computes sampled-token KLs only")
+            raise NotImplementedError("the exact KL (actor.kl_loss_type=full or algorithm.kl_penalty=full) needs the "
+                                      "fsdp strategy; the megatron engine computes KLs from sampled tokens only")
         log_prob, entropy = chunk.log_probs(hidden, aligned, head.temperature, head.chunk_size, head.with_entropy)
         return {"log_prob": log_prob, "entropy": entropy}
 
