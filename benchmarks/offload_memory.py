@@ -178,7 +178,7 @@ def run_variant(args) -> None:
     arr = cfg.actor_rollout_ref
     out = {
         "variant": args.variant, "init_s": time.perf_counter() - start,
-        "parameters": sum(p.numel() for p in worker.actor.module.parameters()),
+        "parameters": sum(p.numel() for p in worker.actor.engine.module.parameters()),
         "actor_param_bytes": torch.empty((), dtype=torch_dtype(arr.actor.fsdp_config.model_dtype)).element_size(),
         "ref_param_bytes": torch.empty((), dtype=torch_dtype(arr.ref.fsdp_config.model_dtype)).element_size(),
         "device": torch.cuda.get_device_name() if worker.device.type == "cuda" else "cpu",

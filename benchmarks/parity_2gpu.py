@@ -193,7 +193,7 @@ def main() -> int:
     timings["fsdp2"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    check_ulysses(actor.module.config, world, world)
+    check_ulysses(actor.engine.module.config, world, world)
     del actor
     sp_group, _, dp_size = sequence_parallel_group(world)
     actor = build_actor(path, kind, device, sp_group=sp_group, dp_size=dp_size)
