@@ -89,7 +89,10 @@ def main() -> int:
     ]
     rc = subprocess.run([sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], cwd=ROOT).returncode
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
+    rows = []
+    if os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            rows = [json.loads(line) for line in f]
     print("\n| step | " + " | ".join(k.split("/", 1)[1] for k in SHOWN) + " |")
     print("|---" * (len(SHOWN) + 1) + "|")
     for row in rows:

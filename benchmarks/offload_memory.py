@@ -39,7 +39,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from verlx.protocol import DataProto
+from verlx.protocol import DataProto  # noqa: E402 - after the sys.path entry above
 
 GIB = 2**30
 SHAPES = {

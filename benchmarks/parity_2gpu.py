@@ -107,7 +107,8 @@ def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=
     apply_fsdp2(module, device, torch.bfloat16, mesh=mesh,
                 grad_divide_factor=dp_size if sp_group is not None else None)
     cfg = actor_config(kind)
-    engine = FSDPEngine("actor", module, build_optimizer(module.parameters(), cfg.optim), device, grad_clip=cfg.grad_clip)
+    optimizer = build_optimizer(module.parameters(), cfg.optim)
+    engine = FSDPEngine("actor", module, optimizer, device, grad_clip=cfg.grad_clip)
     return PPOActor(cfg, engine)
 
 
@@ -199,8 +200,8 @@ def main() -> int:
     actor = build_actor(path, kind, device, sp_group=sp_group, dp_size=dp_size)
     log_probs, metrics = score(actor, data, rows, kind)
     both = gather_rows(log_probs[None], device)
-    results["sp2"] = {"log_probs": both[0], "pg_loss": metrics["actor/pg_loss"], "grad_norm": metrics["actor/grad_norm"],
-                      "ranks_agree": bool(torch.equal(both[0], both[1]))}
+    results["sp2"] = {"log_probs": both[0], "pg_loss": metrics["actor/pg_loss"],
+                      "grad_norm": metrics["actor/grad_norm"], "ranks_agree": bool(torch.equal(both[0], both[1]))}
     timings["sp2"] = time.perf_counter() - start
     del actor
 

@@ -85,7 +85,8 @@ def time_kernels(config, batch: int, dtype: torch.dtype) -> None:
     results = {
         "sampler: fused triton (stats + finish)": median_us(lambda: sampler.sample(logits, plan, None, seeds, steps)),
         "sampler: torch ops (same draws)": median_us(lambda: sample_tokens(logits, plan, None, seeds, steps)),
-        f"lm_head GEMM [{batch}x{hidden}] @ [{hidden}x{vocab}]": median_us(lambda: torch.nn.functional.linear(h, lm_head)),
+        f"lm_head GEMM [{batch}x{hidden}] @ [{hidden}x{vocab}]":
+            median_us(lambda: torch.nn.functional.linear(h, lm_head)),
         "rms_norm: triton": median_us(lambda: TritonDecodeOps.rms_norm(h, norm_w, 1e-6)),
         "rms_norm: torch F.rms_norm": median_us(lambda: torch.nn.functional.rms_norm(h, (hidden,), norm_w, 1e-6)),
     }

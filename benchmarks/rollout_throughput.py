@@ -114,8 +114,9 @@ def run_engine(args) -> dict:
     hf_config = AutoConfig.from_pretrained(args.model)
     trainer_copy = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).to(device).eval()
     config = RolloutConfig(name=args.worker, prompt_length=args.prompt_len, response_length=args.new_tokens,
-                           load_format="auto", calculate_log_probs=True, gpu_memory_utilization=args.gpu_memory_utilization,
-                           max_num_seqs=args.prompts, sleep_level=args.sleep_level)
+                           load_format="auto", calculate_log_probs=True,
+                           gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.prompts,
+                           sleep_level=args.sleep_level)
     ctx = RolloutContext(config=config, model_path=args.model, hf_config=hf_config, device=device,
                          pad_token_id=hf_config.pad_token_id, eos_token_ids=[hf_config.eos_token_id])
     record: dict = {"engine": args.worker, "shape": args.shape}

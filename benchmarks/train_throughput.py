@@ -276,8 +276,9 @@ def main() -> None:
               f"{r['achieved_tflops']:8.1f} {mfu:>6} {r['peak_memory_gb']:8.1f}  {r['micro_batch']}"
               + (f"  [{r['attention_kernel']}; log-probs {r['logprob_seconds_per_update']:.2f} s]"
                  if "attention_kernel" in r else ""))
-    print(f"log-probs over {memory['tokens']} tokens × {VOCAB} vocab: full logits {memory['full_logits_peak_gb']:.2f} GB"
-          f", chunked {memory['chunked_peak_gb']:.2f} GB (ratio {memory['ratio_full_over_chunked']:.1f}×)")
+    print(f"log-probs over {memory['tokens']} tokens × {VOCAB} vocab: "
+          f"full logits {memory['full_logits_peak_gb']:.2f} GB, chunked {memory['chunked_peak_gb']:.2f} GB "
+          f"(ratio {memory['ratio_full_over_chunked']:.1f}×)")
     print(f"total {total:.0f} s")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "train_throughput.json"), "w") as f:

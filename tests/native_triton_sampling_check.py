@@ -71,7 +71,8 @@ def check_fused_step(device=torch.device("cpu"), dtype=torch.float16) -> None:
             states[name] = state
         a, b = states["torch"], states["triton"]
         for field in ("tokens", "pos", "gen_len", "done", "out_tokens"):
-            assert torch.equal(getattr(a, field), getattr(b, field)), f"{field}: {getattr(a, field)} vs {getattr(b, field)}"
+            left, right = getattr(a, field), getattr(b, field)
+            assert torch.equal(left, right), f"{field}: {left} vs {right}"
         torch.testing.assert_close(a.out_logprobs, b.out_logprobs, atol=1e-5, rtol=0)
         assert a.done.tolist()[:batch] == [False, False, True, True, True, False]
         assert a.gen_len.tolist()[:batch] == [4, 3, 6, 12, 0, 8]

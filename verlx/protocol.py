@@ -116,7 +116,8 @@ class DataProto:
         return 0
 
     def __repr__(self) -> str:
-        tensors = ", ".join(f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.batch.items())
+        tensors = ", ".join(f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}"
+                            for k, v in self.batch.items())
         return (
             f"DataProto(len={len(self)}, batch={{{tensors}}}, non_tensor_batch={list(self.non_tensor_batch)}, "
             f"meta_info={list(self.meta_info)})"

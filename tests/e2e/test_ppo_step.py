@@ -13,8 +13,10 @@ from verlx.trainer.main_ppo import run_ppo
     [
         (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=true",
           "trainer.test_freq=1", "actor_rollout_ref.rollout.val_kwargs.n=2",
-          "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"],
-         ["actor/kl_loss", "actor/pg_loss", "val-core/arithmetic/reward/mean@2", "val-aux/arithmetic/reward/best@2/mean"]),
+          "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+          "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"],
+         ["actor/kl_loss", "actor/pg_loss", "val-core/arithmetic/reward/mean@2",
+          "val-aux/arithmetic/reward/best@2/mean"]),
         (["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true"],
          ["critic/vf_loss", "critic/values/mean", "actor/reward_kl_penalty"]),
     ],

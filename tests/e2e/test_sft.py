@@ -32,7 +32,8 @@ def tiny_dir(tmp_path_factory):
 def arithmetic_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("arith")
     train, test = disjoint_pairs(512, 64, seed=1)
-    return write_arithmetic(str(root / "train.parquet"), train, "train"), write_arithmetic(str(root / "test.parquet"), test, "test")
+    return (write_arithmetic(str(root / "train.parquet"), train, "train"),
+            write_arithmetic(str(root / "test.parquet"), test, "test"))
 
 
 def _tokenized(path: str, tokenizer) -> object:

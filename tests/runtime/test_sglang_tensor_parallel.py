@@ -20,9 +20,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _load(tmp_path, rank: int):
+    with open(os.path.join(tmp_path, f"rank{rank}.pkl"), "rb") as f:
+        return pickle.load(f)
+
+
 def test_two_groups_of_two(tmp_path):
     mp.spawn(run_rank, args=(4, free_port(), str(tmp_path)), nprocs=4, join=True)
-    records = [pickle.load(open(os.path.join(tmp_path, f"rank{r}.pkl"), "rb")) for r in range(4)]
+    records = [_load(tmp_path, r) for r in range(4)]
     for leader, peer in ((0, 1), (2, 3)):
         lead, other = records[leader], records[peer]
         assert other["calls"] == [] and other["received"] == []
@@ -59,7 +64,7 @@ def _all(nested, value) -> bool:
 
 def test_a_failed_start_on_the_leader_raises_on_the_peer_too(tmp_path):
     mp.spawn(start_fails_on_leader, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
-    leader, peer = (pickle.load(open(os.path.join(tmp_path, f"rank{r}.pkl"), "rb")) for r in range(2))
+    leader, peer = (_load(tmp_path, r) for r in range(2))
     assert leader == "Rank 0 scheduler died during initialization (exit code: -9)"
     assert peer == (
         "sglang engine start failed on a tensor-parallel peer: "

@@ -101,7 +101,7 @@ def test_rollout_throughput_drives_each_engine_in_its_own_process(tmp_path):
     script = os.path.join(REPO, "benchmarks", "rollout_throughput.py")
     small = ["--device", "cpu", "--shapes", "tiny", "--prompts", "2", "--prompt-len", "4", "--new-tokens", "4"]
     _run([sys.executable, script, *small, "--engines", "native,hf"], tmp_path)
-    records = json.load(open(tmp_path / "rollout_throughput.json"))
+    records = json.loads((tmp_path / "rollout_throughput.json").read_text())
     assert [r["engine"] for r in records] == ["native", "hf"]
     for r in records:
         assert r["warm_tok_s"] > 0 and r["wake_push_s"] >= 0

@@ -15,7 +15,8 @@ def test_values_and_gradients_match_full_logits(temperature, chunk):
     hidden = torch.randn(3, 7, 16, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (3, 7), generator=g)
-    w_lp, w_ent = torch.randn(3, 7, generator=g, dtype=torch.float64), torch.randn(3, 7, generator=g, dtype=torch.float64)
+    w_lp = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    w_ent = torch.randn(3, 7, generator=g, dtype=torch.float64)
 
     lp, ent = chunked_log_probs(hidden, weight, targets, temperature, chunk, with_entropy=True)
     ref_lp, ref_ent = full_logits_log_probs(hidden, weight, targets, temperature, with_entropy=True)

@@ -38,7 +38,8 @@ def _config(tmp_path, *overrides, **model) -> PPOConfig:
 def test_yaml_shares_everything_but_the_engine():
     cfg = build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer")))
     base = build(PPOConfig, to_container(load_yaml("ppo_trainer")))
-    assert cfg.actor_rollout_ref.actor.strategy == cfg.critic.strategy == cfg.actor_rollout_ref.ref.strategy == "megatron"
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.strategy == cfg.critic.strategy == arr.ref.strategy == "megatron"
     assert cfg.data == base.data and cfg.algorithm == base.algorithm and cfg.trainer == base.trainer
     tuned = build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer", [
         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"])))
@@ -103,7 +104,8 @@ def test_exact_kl_needs_fsdp(tmp_path):
         "actor_rollout_ref.actor.kl_loss_type=full (the exact KL over the full vocabulary) needs "
         "actor_rollout_ref.actor.strategy=fsdp; the megatron engine computes KLs from sampled tokens: use low_var_kl, "
         "kl, mse or abs",
-        "algorithm.kl_penalty=full (the exact KL over the full vocabulary) needs actor_rollout_ref.actor.strategy=fsdp; "
-        "the megatron engine computes KLs from sampled tokens: use low_var_kl, kl, mse or abs"]
+        "algorithm.kl_penalty=full (the exact KL over the full vocabulary) needs "
+        "actor_rollout_ref.actor.strategy=fsdp; the megatron engine computes KLs from sampled tokens: use "
+        "low_var_kl, kl, mse or abs"]
     sampled = _config(tmp_path, "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.kl_penalty=full")
     assert megatron_problems(sampled, 8, True) == []  # kl_penalty only matters with use_kl_in_reward

@@ -109,7 +109,8 @@ def test_transformer_config_mapping():
     cfg = Qwen3Config(**SMALL, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e6)
     dims = model_dims(cfg)
     kw = transformer_config_kwargs(dims, tp=2, pp=2, sequence_parallel=True)
-    assert (kw["num_attention_heads"], kw["num_query_groups"], kw["kv_channels"], kw["ffn_hidden_size"]) == (4, 2, 16, 48)
+    shape = (kw["num_attention_heads"], kw["num_query_groups"], kw["kv_channels"], kw["ffn_hidden_size"])
+    assert shape == (4, 2, 16, 48)
     assert kw["qk_layernorm"] and not kw["add_qkv_bias"] and kw["gated_linear_unit"] and kw["sequence_parallel"]
     assert kw["layernorm_epsilon"] == 1e-5 and kw["normalization"] == "RMSNorm" and kw["params_dtype"] == torch.bfloat16
     assert not transformer_config_kwargs(dims, tp=1, sequence_parallel=True)["sequence_parallel"]

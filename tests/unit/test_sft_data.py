@@ -26,7 +26,8 @@ def tok():
 
 
 def _tokenize(rows, tok, **kwargs):
-    options = {"prompt_key": "prompt", "response_key": "extra_info.answer", "end_of_response_id": IM_END, "max_length": 512}
+    options = {"prompt_key": "prompt", "response_key": "extra_info.answer", "end_of_response_id": IM_END,
+               "max_length": 512}
     return tokenize_sft(rows, tok, **{**options, **kwargs})
 
 
@@ -53,7 +54,8 @@ def test_bad_keys_name_the_key_file_and_row(tmp_path, tok):
 def test_truncation(tmp_path, tok):
     rows = read_parquet_rows(write_arithmetic(str(tmp_path / "a.parquet"), [(1, 2), (12, 34)], "train"))
     # lengths: 24 + 7 = 31 and 26 + 8 = 34
-    with pytest.raises(ValueError, match=r"1 row\(s\) exceed data.max_length=32 tokens, e.g. .*a.parquet row 1 with 34"):
+    with pytest.raises(ValueError,
+                       match=r"1 row\(s\) exceed data.max_length=32 tokens, e.g. .*a.parquet row 1 with 34"):
         _tokenize(rows, tok, max_length=32)
     left = _tokenize(rows, tok, max_length=32, truncation="left")
     assert left.lengths.tolist() == [31, 32] and left.prompt_lengths.tolist() == [24, 24]

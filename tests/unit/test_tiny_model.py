@@ -95,7 +95,8 @@ def test_model_shape_parameter_count_and_stop_tokens(tiny_dir):
     assert type(model).__name__ == "Qwen2ForCausalLM"
     c = model.config
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (128, 4, 4, 2)
-    assert (c.intermediate_size, c.vocab_size, c.max_position_embeddings, c.tie_word_embeddings) == (384, 259, 512, True)
+    shape = (c.intermediate_size, c.vocab_size, c.max_position_embeddings, c.tie_word_embeddings)
+    assert shape == (384, 259, 512, True)
     # embeddings (tied with lm_head): 259*128 = 33,152
     # per layer: q 128*128+128 = 16,512; k, v 128*64+64 = 8,256 each; o 128*128 = 16,384  -> 49,408
     #            mlp 3*128*384 = 147,456; two RMSNorms 2*128 = 256                       -> 197,120
@@ -140,7 +141,8 @@ def test_cli_writes_a_loadable_directory(tmp_path, capsys):
 
     main(["--output_dir", str(tmp_path / "m"), "--seed", "3"])
     assert "821,760 parameters" in capsys.readouterr().out
-    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json"):
         assert os.path.isfile(tmp_path / "m" / name), name
     loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m")).state_dict()
     fresh = build_model(TinyModelSpec(), seed=3).state_dict()

@@ -123,9 +123,8 @@ def _convert(tp, value, path: str, problems: list[str]):
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
+    elif tp is str and isinstance(value, str):
+        return value
     problems.append(f"'{path}' = {value!r} must be {_type_name(tp)}")
     return value
 
@@ -140,7 +139,8 @@ def to_container(cfg) -> dict:
 
 
 def load_yaml(
-    config_name: str = "ppo_trainer", overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR, schema: type | None = None
+    config_name: str = "ppo_trainer", overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR,
+    schema: type | None = None,
 ):
     """Compose a config the way the Hydra entry point does (same YAML, same override grammar)."""
     from hydra import compose, initialize_config_dir
@@ -151,7 +151,8 @@ def load_yaml(
 
 
 def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_trainer", schema: type | None = None) -> None:
-    """Reject overrides of keys the schema (default PPOConfig) lacks, with a did-you-mean, before Hydra's terser error."""
+    """Reject overrides of keys the schema (default PPOConfig) lacks, with a did-you-mean, before Hydra's terser
+    error."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if schema is None:

@@ -122,7 +122,8 @@ def validate_sft(cfg: SFTConfig, world_size: int) -> None:
         f"trainer.target_val_accuracy={t.target_val_accuracy} needs validation during training: set "
         f"data.val_files and trainer.test_freq > 0, or trainer.target_val_accuracy=null",
     )
-    f.require(0.0 <= o.lr_warmup_steps_ratio < 1.0, f"optim.lr_warmup_steps_ratio={o.lr_warmup_steps_ratio} must be in [0, 1)")
+    f.require(0.0 <= o.lr_warmup_steps_ratio < 1.0,
+              f"optim.lr_warmup_steps_ratio={o.lr_warmup_steps_ratio} must be in [0, 1)")
     f.require(len(o.betas) == 2, f"optim.betas={o.betas} must hold two numbers")
     if t.nnodes is not None or t.n_gpus_per_node is not None:
         declared = (t.nnodes or 1) * (t.n_gpus_per_node or 1)

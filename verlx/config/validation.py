@@ -341,7 +341,8 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
     if f.require(os.path.isdir(model_dir), f"actor_rollout_ref.model.path: directory {model.path!r} does not exist "
                  "(verlx loads local HF model directories; download the model first)"):
         f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
-                  f"actor_rollout_ref.model.path: {model.path!r} has no config.json; is it a HuggingFace model directory?")
+                  f"actor_rollout_ref.model.path: {model.path!r} has no config.json; "
+                  "is it a HuggingFace model directory?")
     crf = cfg.custom_reward_function
     if crf.path is not None:
         f.require(os.path.isfile(expand_path(crf.path)),

@@ -57,7 +57,8 @@ class ParquetRows:
         return values
 
 
-def read_parquet_rows(files: str | list[str], max_samples: int = -1, config_key: str = "data.train_files") -> ParquetRows:
+def read_parquet_rows(files: str | list[str], max_samples: int = -1,
+                      config_key: str = "data.train_files") -> ParquetRows:
     """Concatenate parquet files (first `max_samples` rows when > 0); a missing file names the key to fix."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -69,7 +70,8 @@ def read_parquet_rows(files: str | list[str], max_samples: int = -1, config_key:
     for name in files:
         path = expand_path(name, absolute=True)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{config_key}: {path} does not exist (write it first, e.g. with examples/data_preprocess)")
+            raise FileNotFoundError(f"{config_key}: {path} does not exist "
+                                    "(write it first, e.g. with examples/data_preprocess)")
         table = pq.read_table(path)
         tables.append(table)
         starts.append(total)
@@ -82,7 +84,8 @@ def read_parquet_rows(files: str | list[str], max_samples: int = -1, config_key:
     return ParquetRows(table, [expand_path(f, absolute=True) for f in files], starts)
 
 
-def render_prompts(rows: ParquetRows, tokenizer, prompt_key: str, chat_kwargs: dict, config_key: str = "data.prompt_key") -> list[str]:
+def render_prompts(rows: ParquetRows, tokenizer, prompt_key: str, chat_kwargs: dict,
+                   config_key: str = "data.prompt_key") -> list[str]:
     """Prompt text after the chat template (with the assistant generation prompt), one per row."""
     texts = []
     for row, value in enumerate(rows.column(prompt_key, config_key)):

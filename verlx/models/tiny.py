@@ -22,7 +22,7 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 # The pre-tokenizer split of Qwen2's tokenizer; with no merges every byte stays its own token, but the split must
 # match so that transformers 5 (which rebuilds qwen2 tokenizers from their vocabulary) tokenizes identically.
 QWEN2_SPLIT_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 )
 
 # ChatML without a default system prompt: every message is "<|im_start|>{role}\n{content}<|im_end|>\n".

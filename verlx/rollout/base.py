@@ -267,7 +267,8 @@ def build_rollout_batch(
     return DataProto(batch, non_tensor, dict(prompts.meta_info))
 
 
-def mask_after_stop(tokens: torch.Tensor, stop_token_ids: list[int], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_after_stop(tokens: torch.Tensor, stop_token_ids: list[int],
+                    pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Given generated tokens [B, R], keep everything up to and including the first stop token.
 
     Returns (tokens with pad after the stop, response_mask), computed without a Python loop over tokens.

@@ -222,7 +222,7 @@ class SGLangRolloutEngine(RolloutEngine):
         set_expandable_segments(False)
         for tag in self.residency.to_resume(tags):
             engine_tags = [WEIGHTS] if tag == WEIGHTS else self._kv_stage_tags
-            self.tp.run_on_leader(lambda: self._engine.resume_memory_occupation(tags=engine_tags))
+            self.tp.run_on_leader(lambda tags=engine_tags: self._engine.resume_memory_occupation(tags=tags))
             self.residency.mark_resumed([tag])
 
     # ------------------------------------------------------------------ weights

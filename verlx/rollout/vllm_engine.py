@@ -177,9 +177,9 @@ class VLLMRolloutEngine(RolloutEngine):
                     ENGINE, missing, f"model.load_weights did not load them (it loaded {sorted(loaded)[:6]}...)"
                 )
             loaded_total |= loaded
-        if KV_CACHE in self.residency.resident and self.config.enable_prefix_caching:
-            if self._llm.reset_prefix_cache() is False:
-                raise WeightSyncError(ENGINE, ["<reset_prefix_cache>"], "vLLM refused to reset the prefix cache")
+        if (KV_CACHE in self.residency.resident and self.config.enable_prefix_caching
+                and self._llm.reset_prefix_cache() is False):
+            raise WeightSyncError(ENGINE, ["<reset_prefix_cache>"], "vLLM refused to reset the prefix cache")
         # complete: every checkpoint tensor was sent (a fused qkv / gate_up counts as loaded after one shard) and
         # every vLLM parameter was loaded
         not_sent = sorted(self.expected_names - pushed) if self.expected_names is not None else []

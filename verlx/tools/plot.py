@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
               "or at its metrics.jsonl", file=sys.stderr)
         return 1
     if importlib.util.find_spec("matplotlib") is None:
-        print("error: plotting needs matplotlib: pip install 'verlx[plot]' (or pip install matplotlib)", file=sys.stderr)
+        print("error: plotting needs matplotlib: pip install 'verlx[plot]' (or pip install matplotlib)",
+              file=sys.stderr)
         return 1
     metrics = read_metrics(path)
     if not metrics.series:

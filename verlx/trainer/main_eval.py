@@ -160,7 +160,8 @@ def run_eval(config: EvaluationConfig) -> dict:
     report = build_report(generations, scored, config.metrics.pass_threshold)
     payload = {"data_path": generations.path, "pass_threshold": config.metrics.pass_threshold,
                "rows": len(generations.responses), "samples": len(scored), "data_sources": report}
-    output = expand_path(config.output_path, absolute=True) if config.output_path else default_output_path(generations.path)
+    output = (expand_path(config.output_path, absolute=True) if config.output_path
+              else default_output_path(generations.path))
     write_json(output, payload)
     print(format_table(report))
     print(f"wrote {output}")

@@ -56,8 +56,9 @@ def validate(config: GenerationConfig) -> None:
     f.require(d.batch_size >= 1, f"data.batch_size={d.batch_size} must be >= 1")
     greedy = not r.do_sample or r.temperature <= 0
     f.require(not (greedy and d.n_samples > 1),
-              f"data.n_samples={d.n_samples} with greedy decoding (rollout.do_sample={r.do_sample}, rollout.temperature="
-              f"{r.temperature}) gives {d.n_samples} identical responses; sample (temperature > 0) or set n_samples=1")
+              f"data.n_samples={d.n_samples} with greedy decoding (rollout.do_sample={r.do_sample}, "
+              f"rollout.temperature={r.temperature}) gives {d.n_samples} identical responses; "
+              "sample (temperature > 0) or set n_samples=1")
     f.choice("data.truncation", d.truncation, ["error", *PROMPT_TRUNCATIONS.names()])
     f.require(r.n == 1, f"rollout.n={r.n}: the number of samples per prompt is data.n_samples; leave rollout.n at 1")
     f.require(not r.load_format.startswith("dummy"),
@@ -192,7 +193,8 @@ def write_output(table, responses: list[list[str]], config: GenerationConfig) ->
     metadata = dict(table.schema.metadata or {})
     metadata[METADATA_KEY] = json.dumps(asdict(config), default=str).encode()
     table = table.replace_schema_metadata(metadata)
-    output = expand_path(config.data.output_path, absolute=True) if config.data.output_path else default_output_path(config.data.path)
+    d = config.data
+    output = expand_path(d.output_path, absolute=True) if d.output_path else default_output_path(d.path)
     return write_parquet_atomic(table, output)
 
 
@@ -216,7 +218,8 @@ def run_generation(config: GenerationConfig) -> str:
     ppo_config = worker_config(config)
     use_gpu = use_gpus(ppo_config)
     m = config.model
-    tokenizer = load_tokenizer(expand_path(m.tokenizer_path or m.path, absolute=True), m.trust_remote_code, m.custom_chat_template)
+    tokenizer = load_tokenizer(expand_path(m.tokenizer_path or m.path, absolute=True), m.trust_remote_code,
+                               m.custom_chat_template)
     table = pq.read_table(expand_path(config.data.path, absolute=True))
     if config.data.max_samples > 0:
         table = table.slice(0, config.data.max_samples)

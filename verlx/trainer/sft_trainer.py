@@ -8,6 +8,7 @@ loss curve for the same global batch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -211,7 +212,8 @@ class SFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss / response_tokens, grad_norm.detach()
 
-    def _flush(self, step: int, losses: list, norms: list, lrs: list, tokens: int, seconds: float, start: float) -> dict:
+    def _flush(self, step: int, losses: list, norms: list, lrs: list, tokens: int, seconds: float,
+               start: float) -> dict:
         """Sum the ranks' loss shares of the interval's steps (one collective), check them, log their mean."""
         loss = torch.stack(losses)
         if self.world_size > 1:
@@ -277,10 +279,8 @@ class SFTTrainer:
             )
             model.load_state_dict(full, strict=True)
             model.config.use_cache = True
-            try:
+            with contextlib.suppress(OSError):  # a checkpoint without generation_config.json keeps the default
                 model.generation_config = GenerationConfig.from_pretrained(self.model_path)
-            except OSError:
-                pass
 
             def write(tmp: str) -> None:
                 model.save_pretrained(tmp, safe_serialization=True)

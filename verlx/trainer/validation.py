@@ -54,7 +54,8 @@ class Validator:
             batch.non_tensor_batch["reward_status"] = np.asarray(result.extra["reward_status"], dtype=object)
             statuses.append(batch.non_tensor_batch["reward_status"])
             scores.append(seq_scores.numpy())
-            sources.append(np.asarray(batch.non_tensor_batch.get("data_source", ["unknown"] * len(batch)), dtype=object))
+            names = batch.non_tensor_batch.get("data_source", ["unknown"] * len(batch))
+            sources.append(np.asarray(names, dtype=object))
             for key, values in result.extra.items():
                 arr = np.asarray(values)
                 if arr.dtype.kind in "fiub":

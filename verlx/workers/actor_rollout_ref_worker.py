@@ -214,8 +214,8 @@ class ActorRolloutRefWorker(Worker):
         timer = PhaseTimer(self.device)
         with self._on_device(actor=True), timer.measure():
             log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
-        metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
-                                share=1 / self._sp_size())
+        metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
+                                forward_only=True, share=1 / self._sp_size())
         return DataProto({"old_log_probs": log_prob.cpu(), "entropys": entropy.cpu()}, meta_info={"metrics": metrics})
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
@@ -247,8 +247,8 @@ class ActorRolloutRefWorker(Worker):
         timer = PhaseTimer(self.device)
         with self._on_device(actor=True, ref=full_kl, optimizer=True), timer.measure():
             metrics = self.actor.update_policy(data, sizes.mini, sizes.micro)
-        metrics.update(phase_metrics("actor", self.hf_config, sequence_lengths(data).tolist() * actor_cfg.ppo_epochs, timer,
-                                     share=1 / self._sp_size()))
+        seq_lens = sequence_lengths(data).tolist() * actor_cfg.ppo_epochs
+        metrics.update(phase_metrics("actor", self.hf_config, seq_lens, timer, share=1 / self._sp_size()))
         metrics["actor/lr"] = self.actor.engine.lr()
         metrics["actor/optimizer_state_gb"] = self.actor.engine.optimizer_state_bytes() / 1e9
         self.actor.engine.step_lr()

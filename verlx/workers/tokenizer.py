@@ -34,7 +34,8 @@ def stop_token_ids(tokenizer, model_path: str, trust_remote_code: bool = False) 
 
     ids: list[int] = []
     try:
-        eos = GenerationConfig.from_pretrained(expand_path(model_path), trust_remote_code=trust_remote_code).eos_token_id
+        config = GenerationConfig.from_pretrained(expand_path(model_path), trust_remote_code=trust_remote_code)
+        eos = config.eos_token_id
         ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])]
     except (OSError, ValueError):
         pass

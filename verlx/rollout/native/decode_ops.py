@@ -1,9 +1,9 @@
 """Decode-step attention backends: `torch` (everywhere) and `triton` (fused kernels, CUDA bf16/fp16).
 
 A backend owns the part of a decode layer between the fused qkv projection and the output projection —
-q/k norm, RoPE, the KV-cache write, attention — plus the SwiGLU activation and the decode step's RMSNorms. `torch` attends over a KV-length
-bucket with an additive mask (one SDPA call; its graphs are keyed by that bucket); `triton` reads exactly
-each slot's length, so its graphs need no length bucket and no mask.
+q/k norm, RoPE, the KV-cache write, attention — plus the SwiGLU activation and the decode step's RMSNorms. `torch`
+attends over a KV-length bucket with an additive mask (one SDPA call; its graphs are keyed by that bucket); `triton`
+reads exactly each slot's length, so its graphs need no length bucket and no mask.
 """
 
 from __future__ import annotations

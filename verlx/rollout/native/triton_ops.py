@@ -77,7 +77,7 @@ def _decode_attention_kernel(
     q_rows = q_ptr + slot * stride_q_b + (kv_head * G + g)[:, None] * D + d[None, :]
     q = tl.load(q_rows, mask=(g < G)[:, None], other=0.0)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
+    l_sum = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
     base = slot.to(tl.int64) * stride_c_slot + kv_head * stride_c_head
     for n0 in range(lo, hi, BLOCK):
@@ -90,19 +90,19 @@ def _decode_attention_kernel(
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + offsets, mask=valid[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     if SPLITS == 1:
-        out = acc / l[:, None]
+        out = acc / l_sum[:, None]
         out_rows = out_ptr + slot * (G * D * tl.num_programs(1)) + (kv_head * G + g)[:, None] * D + d[None, :]
         tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
     else:
         part = (slot * tl.num_programs(1) + kv_head) * SPLITS + split
         tl.store(part_acc_ptr + part * G_PAD * D + g[:, None] * D + d[None, :], acc)
         tl.store(part_ml_ptr + part * 2 * G_PAD + g, m)
-        tl.store(part_ml_ptr + part * 2 * G_PAD + G_PAD + g, l)
+        tl.store(part_ml_ptr + part * 2 * G_PAD + G_PAD + g, l_sum)
 
 
 @triton.jit

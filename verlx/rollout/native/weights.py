@@ -234,7 +234,7 @@ def iter_checkpoint(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
             from safetensors import safe_open
 
             with safe_open(path, framework="pt", device="cpu") as f:
-                for key in f.keys():
+                for key in f.keys():  # noqa: SIM118 - a safetensors file handle, not a dict
                     yield key, f.get_tensor(key)
         else:
             yield from torch.load(path, map_location="cpu", weights_only=True).items()

@@ -108,8 +108,9 @@ def apply_fsdp2(
 
     `reshard_after_forward` applies to the layers. The root (embeddings, final norm, output projection) is never
     resharded after forward: training gathers it again at once for backward, and the worker's Offloader frees it
-    after a forward-only pass. Gradients are averaged over the ranks by default; `grad_divide_factor` replaces that divisor (Ulysses: the
-    SP ranks of one data shard hold partial gradients that must be summed, so divide by the dp size only).
+    after a forward-only pass. Gradients are averaged over the ranks by default; `grad_divide_factor` replaces that
+    divisor (Ulysses: the SP ranks of one data shard hold partial gradients that must be summed, so divide by the dp
+    size only).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

@@ -26,7 +26,7 @@ class RMSNorm(torch.nn.Module):
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype,
                                                     device=_param_device(config)))
-        setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype

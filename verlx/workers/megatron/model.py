@@ -161,7 +161,7 @@ class HFCheckpoint:
             from safetensors import safe_open
 
             with safe_open(single, framework="pt") as f:
-                self.files = {k: single for k in f.keys()}
+                self.files = {k: single for k in f.keys()}  # noqa: SIM118 - a safetensors handle, not a dict
         else:
             raise FileNotFoundError(f"{path} has no model.safetensors(.index.json); the megatron backend loads "
                                     "safetensors HF checkpoints")

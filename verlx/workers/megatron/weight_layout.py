@@ -58,8 +58,10 @@ def _layer_specs(dims: ModelDims, i: int) -> list[ParamSpec]:
         specs.append(ParamSpec(mc + "self_attention.linear_qkv.bias", tuple(a + ".bias" for a in attn), QKV, COLUMN, i))
     if dims.qk_norm:
         specs += [
-            ParamSpec(mc + "self_attention.q_layernorm.weight", (hf + "self_attn.q_norm.weight",), SINGLE, REPLICATED, i),
-            ParamSpec(mc + "self_attention.k_layernorm.weight", (hf + "self_attn.k_norm.weight",), SINGLE, REPLICATED, i),
+            ParamSpec(mc + "self_attention.q_layernorm.weight", (hf + "self_attn.q_norm.weight",), SINGLE,
+                      REPLICATED, i),
+            ParamSpec(mc + "self_attention.k_layernorm.weight", (hf + "self_attn.k_norm.weight",), SINGLE,
+                      REPLICATED, i),
         ]
     specs += [
         ParamSpec(mc + "self_attention.linear_proj.weight", (hf + "self_attn.o_proj.weight",), SINGLE, ROW, i),
