@@ -14,7 +14,8 @@ from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, RolloutEngine, SamplingParams, resolve_sampling
 from verlx.rollout.engine_versions import check_engine_version, install_command
 from verlx.rollout.residency import EngineResidency
-from verlx.rollout.weight_sync import expected_push_names
+from verlx.rollout.memory_budget import EngineFootprint, check_budget, kv_bytes_per_token
+from verlx.rollout.weight_sync import checkpoint_numel, engine_dtype, expected_push_names
 
 logger = logging.getLogger(__name__)
 SLEEP_LEVELS = (1, 2)
@@ -43,6 +44,23 @@ class ExternalEngine(RolloutEngine):
         self.tie_word_embeddings = bool(getattr(ctx.hf_config, "tie_word_embeddings", False))
         #: the HF names a push must cover before a dummy-loaded (or discarded) engine may generate
         self.expected_names = expected_push_names(ctx.model_path, self.tie_word_embeddings)
+        if ctx.device.type == "cuda":
+            self._check_memory_budget()
+
+    def _check_memory_budget(self) -> None:
+        """Refuse a gpu_memory_utilization that cannot hold the weights plus one sequence, before the engine
+        allocates anything (unknown parameter counts, e.g. a checkpoint without safetensors, skip the check)."""
+        import torch
+
+        numel = checkpoint_numel(self.ctx.model_path)
+        if numel is None:
+            return
+        dtype = engine_dtype(self.config.dtype)
+        element = torch.empty((), dtype=dtype).element_size()
+        footprint = EngineFootprint(numel * element, kv_bytes_per_token(self.ctx.hf_config, element),
+                                    self.config.max_model_len or self.config.prompt_length + self.config.response_length)
+        total = torch.cuda.get_device_properties(self.ctx.device).total_memory
+        check_budget(self.requires_package, self.config.gpu_memory_utilization, total, footprint)
 
     def _new_residency(self, weights_survive_release: bool) -> EngineResidency:
         """Weights are current at start unless the engine was built with random (dummy) weights."""
