@@ -205,6 +205,8 @@ def _llm_class(state: FakeVLLM) -> type:
             tags = ["weights", "kv_cache"] if tags is None else list(tags)
             state.calls.append(("wake_up", tags))
             self.sleeping.difference_update(tags)
+            if Version(state.version).release < (0, 27):  # 0.26.0 returns None; 0.33 says whether fully awake
+                return None
             return not self.sleeping and not state.stays_asleep
 
         def reset_prefix_cache(self):
