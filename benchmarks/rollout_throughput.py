@@ -30,6 +30,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from engine_env import engine_env  # noqa: E402
 
 SHAPES = {  # Qwen2.5 shapes (vocab 151936)
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -151,17 +154,6 @@ def run_engine(args) -> dict:
     return record
 
 
-def _engine_env(engine: str, paths: dict[str, str]) -> dict[str, str]:
-    """PYTHONPATH with this engine's bundle only (the other engines' bundles removed)."""
-    others = set(paths.values()) - {paths.get(engine)}
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in others]
-    if engine in paths:
-        parts.insert(0, paths[engine])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *parts]),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000), "RANK": "0",
-            "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-
-
 def drive(args) -> list[dict]:
     paths = dict(item.split("=", 1) for item in args.engine_path)
     records = []
@@ -172,8 +164,9 @@ def drive(args) -> list[dict]:
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--model", model, "--shape",
                        shape, *_passed_through(args)]
                 print(f"[{shape}] {engine} ...", flush=True)
-                done = subprocess.run(cmd, env=_engine_env(engine, paths), capture_output=True, text=True,
-                                      timeout=args.engine_timeout_s)
+                env = engine_env(engine, paths, ROOT, MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1",
+                                 LOCAL_RANK="0", MASTER_PORT=str(29500 + os.getpid() % 1000))
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.engine_timeout_s)
                 lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
                 if done.returncode or not lines:
                     tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
