@@ -10,8 +10,8 @@ worker drives it: 256 prompts x 128 tokens, 512 new tokens forced (ignore_eos), 
 Each engine process reports
   * cold tok/s (first generate: CUDA graphs, caches) and warm tok/s (second generate),
   * wake + push: sleep, then wake_up(weights) + update_weights(the whole model from a GPU copy) + wake_up(kv_cache),
-  * device memory still used while asleep: mem_get_info's used bytes minus this process's torch reservations (the
-    GPU copy of the weights), i.e. the sleeping engine plus the CUDA contexts,
+  * what the sleeping engine keeps on the device: mem_get_info's used bytes after its sleep minus before it was
+    built (its processes' CUDA contexts, graphs, pools),
   * mean |log-prob difference| of 8 sampled responses against transformers' forward pass (a correctness check:
     throughput of wrong tokens is worth nothing).
 The table prints each engine's warm tok/s and its ratio to the best external engine (sglang, vllm).
@@ -122,6 +122,7 @@ def run_engine(args) -> dict:
     ctx = RolloutContext(config=config, model_path=args.model, hf_config=hf_config, device=device,
                          pad_token_id=hf_config.pad_token_id, eos_token_ids=[hf_config.eos_token_id])
     record: dict = {"engine": args.worker, "shape": args.shape}
+    used_before = _used_bytes(device) if device.type == "cuda" else None
     start = time.perf_counter()
     engine = get_engine_class(args.worker)(ctx)
     record["start_s"] = time.perf_counter() - start
@@ -140,8 +141,8 @@ def run_engine(args) -> dict:
     record["logprob_gap"] = _logprob_gap(trainer_copy, out, args.prompt_len, device)
     engine.sleep()
     _sync(device)
-    if device.type == "cuda":  # what the process group, CUDA contexts and the sleeping engine still hold
-        record["asleep_used_gb"] = (_used_bytes(device) - torch.cuda.memory_reserved()) / 2**30
+    if used_before is not None:  # what the sleeping engine keeps: device memory in use now minus before it existed
+        record["asleep_used_gb"] = (_used_bytes(device) - used_before) / 2**30
     t0 = time.perf_counter()
     engine.wake_up(["weights"])
     engine.update_weights(trainer_copy.named_parameters())
