@@ -9,23 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_DIR
-
-
-def run_module(args, module="verlx.trainer.main_ppo", cwd=None, env=None, timeout=300):
-    full_env = {**os.environ, "PYTHONPATH": REPO_DIR, **(env or {})}
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd,
-                          env=full_env, timeout=timeout)
-
-
-def assert_no_traceback(result):
-    assert "Traceback" not in result.stdout + result.stderr, result.stderr
-
-
-def printed_job_config(result) -> str:
-    assert result.returncode == 0, result.stderr
-    assert_no_traceback(result)
-    return result.stdout
+from helpers.commands import REPO_DIR, assert_no_traceback, printed_job_config, run_module
 
 
 # ---------------------------------------------------------------------- Hydra's own flags

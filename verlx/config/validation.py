@@ -349,7 +349,7 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
     model = cfg.actor_rollout_ref.model
     model_dir = _expand(model.path)
     if f.require(os.path.isdir(model_dir), f"actor_rollout_ref.model.path: directory {model.path!r} does not exist "
-                 "(verlx loads local HF model directories; download the model first)"):
+                 "(give a local HF model directory, or a hub id such as Qwen/Qwen2.5-0.5B-Instruct)"):
         f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
                   f"actor_rollout_ref.model.path: {model.path!r} has no config.json; is it a HuggingFace model directory?")
     crf = cfg.custom_reward_function

@@ -40,6 +40,20 @@ def check_greedy_baseline(config: PPOConfig) -> None:
                            f"baseline, which actor_rollout_ref.rollout.name={name} cannot do; use native or hf"])
 
 
+def resolve_hub_models(config: PPOConfig) -> None:
+    """Hub ids ("Qwen/Qwen2.5-0.5B-Instruct") in the model paths become local snapshot directories, once, here."""
+    from verlx.utils.hf_paths import resolve_model_paths
+
+    sections = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
+    try:
+        if config.use_critic:
+            sections.append(("critic.model", config.critic.model))
+    except KeyError:
+        pass  # an unknown algorithm.adv_estimator, reported by validate()
+    resolve_model_paths([(f"{key}.{attribute}", section, attribute) for key, section in sections
+                         for attribute in ("path", "tokenizer_path")])
+
+
 def prepare(config: PPOConfig):
     """Checks and builds everything the driver needs; no Ray, no GPU."""
     from verlx.data import build_dataloaders
@@ -49,6 +63,7 @@ def prepare(config: PPOConfig):
     from verlx.workers.tokenizer import load_tokenizer
 
     use_gpu = resolve_device(config)
+    resolve_hub_models(config)
     validate(config)
     rollout = config.actor_rollout_ref.rollout
     rollout.name = resolve_engine_name(rollout.name)
