@@ -231,7 +231,8 @@ def run_generation(config: GenerationConfig) -> str:
     ppo_config = worker_config(config)
     use_gpu = resolve_device(ppo_config)
     m = config.model
-    tokenizer = load_tokenizer(_expand(m.tokenizer_path or m.path), m.trust_remote_code, m.custom_chat_template)
+    tokenizer = load_tokenizer(_expand(m.tokenizer_path or m.path), m.trust_remote_code, m.custom_chat_template,
+                               "model.tokenizer_path" if m.tokenizer_path else "model.path")
     table = pq.read_table(_expand(config.data.path))
     if config.data.max_samples > 0:
         table = table.slice(0, config.data.max_samples)

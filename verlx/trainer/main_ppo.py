@@ -70,7 +70,8 @@ def prepare(config: PPOConfig):
     check_greedy_baseline(config)
     check_loggers(config.trainer.loggers)
     model = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template)
+    tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
+                               "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path"))
     train_loader, val_loader = build_dataloaders(config, tokenizer)
     reward_fn = build_reward_manager(config, tokenizer)
     return use_gpu, tokenizer, train_loader, val_loader, reward_fn
