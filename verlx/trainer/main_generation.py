@@ -211,9 +211,9 @@ def write_output(table, responses: list[list[str]], config: GenerationConfig) ->
 
 def run_generation(config: GenerationConfig) -> str:
     """Validate, generate, write; returns the output path."""
-    import pyarrow.parquet as pq
     import ray
 
+    from verlx.data.parquet import read_parquet_table
     from verlx.rollout.base import resolve_engine_name
     from verlx.single_controller.ray import (
         RayClassWithInitArgs,
@@ -233,7 +233,7 @@ def run_generation(config: GenerationConfig) -> str:
     m = config.model
     tokenizer = load_tokenizer(_expand(m.tokenizer_path or m.path), m.trust_remote_code, m.custom_chat_template,
                                "model.tokenizer_path" if m.tokenizer_path else "model.path")
-    table = pq.read_table(_expand(config.data.path))
+    table = read_parquet_table(_expand(config.data.path))
     if config.data.max_samples > 0:
         table = table.slice(0, config.data.max_samples)
     if table.num_rows == 0:
