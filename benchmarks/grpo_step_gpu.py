@@ -30,7 +30,8 @@ SHAPES = {
 }
 SHOWN = ("timing_s/step", "timing_s/gen", "timing_s/update_weights", "timing_s/reward", "timing_s/old_log_prob",
          "timing_s/ref", "timing_s/adv", "timing_s/update_actor", "perf/throughput", "perf/max_memory_allocated_gb",
-         "perf/mfu/actor", "response_length/mean", "rollout/logprob_diff", "actor/entropy", "actor/pg_loss")
+         "perf/max_memory_allocated_gb/gen", "perf/mfu/actor", "response_length/mean", "rollout/logprob_diff",
+         "rollout/engine_asleep_gb", "actor/entropy", "actor/pg_loss")
 
 
 def build_model(out_dir: str, shape: str) -> None:

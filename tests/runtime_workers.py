@@ -47,6 +47,13 @@ class EchoWorker(Worker):
         time.sleep(seconds)
         return self.rank
 
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_span(self, seconds: float):
+        """When this rank's sleep began and ended (CLOCK_MONOTONIC: one clock for every process of the host)."""
+        start = time.monotonic()
+        time.sleep(seconds)
+        return start, time.monotonic()
+
     @register(Dispatch.ONE_TO_ALL)
     def peer_dies_after_error(self, victim: int, delay_s: float):
         """`victim` exits hard `delay_s` after the others fail: the order in which a survivor's collective error

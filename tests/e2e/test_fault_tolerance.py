@@ -112,13 +112,17 @@ def test_stuck_reward_function_is_timed_out_and_counted(ray_cpu, tiny_model_dir,
     )
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo",
                       "actor_rollout_ref.rollout.n=2", f"custom_reward_function.path={reward}",
-                      "reward.num_workers=2", "reward.timeout_s=2")
+                      "reward.num_workers=2", "reward.timeout_s=2", "reward.max_error_fraction=0.5",
+                      "trainer.test_freq=1")
     start = time.monotonic()
     run_ppo(cfg)
     assert time.monotonic() - start < 90
     (row,) = read_metrics(tmp_path)
     assert row["reward/timeouts"] > 0 and row["reward/errors"] == 0
     assert 0 < row["critic/score/mean"] < 0.5  # timed-out samples scored reward.error_score = 0
+    # validation (16 held-out prompts, one sample each): rows 0, 4, 8, 12 hang
+    assert row["val-aux/arithmetic/reward/timeouts"] == 4 and row["val-aux/arithmetic/reward/errors"] == 0
+    assert row["val-aux/arithmetic/reward/error_rate"] == 0.25
 
 
 def test_resume_at_an_epoch_boundary_trains_the_next_epoch(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):

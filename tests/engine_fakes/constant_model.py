@@ -85,8 +85,10 @@ def run_cycle(engine_cls, tmp_path, rollout_overrides: dict) -> None:
         engine.wake_up(["kv_cache"])
         assert engine.generate(prompts({"do_sample": False})).batch["responses"].tolist() == [[11] * 8, [11] * 8]
 
-        sampled = engine.generate(prompts({"temperature": 2.0, "n": 4}))
+        sampled = engine.generate(prompts({"temperature": 2.0, "n": 4, "seed": 3}))
         tokens = sampled.batch["responses"]
+        # p(11) is 2.8% at T=2: four samples of one prompt are all alike only if they share their noise
+        assert len({tuple(row) for row in tokens[:4].tolist()}) == 4, tokens[:4].tolist()
         expected = torch.where(tokens == 11, expected_log_prob(True, 2.0), expected_log_prob(False, 2.0))
         # bf16 logits: a few 1e-2 of absolute error at most
         torch.testing.assert_close(sampled.batch["rollout_log_probs"].cpu(), expected.float().cpu() * sampled.batch[

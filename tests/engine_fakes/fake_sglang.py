@@ -208,9 +208,16 @@ def install_fake_sglang(version: str, dist_dir: str, requires_session: bool | No
         ),
         "sglang.srt.constants": module("sglang.srt.constants", GPU_MEMORY_ALL_TYPES=list(GPU_MEMORY_ALL_TYPES)),
         "sglang.srt.model_executor": module("sglang.srt.model_executor"),
-        "sglang.srt.model_executor.model_runner": module(
-            "sglang.srt.model_executor.model_runner", LocalSerializedTensor=LocalSerializedTensor
-        ),
     }
+    # LocalSerializedTensor moved from model_runner to model_runner_components.weight_updater (0.5.17 has it there)
+    if parsed.release >= (0, 5, 17):
+        modules["sglang.srt.model_executor.model_runner_components"] = module(
+            "sglang.srt.model_executor.model_runner_components")
+        modules["sglang.srt.model_executor.model_runner_components.weight_updater"] = module(
+            "sglang.srt.model_executor.model_runner_components.weight_updater",
+            LocalSerializedTensor=LocalSerializedTensor)
+    else:
+        modules["sglang.srt.model_executor.model_runner"] = module(
+            "sglang.srt.model_executor.model_runner", LocalSerializedTensor=LocalSerializedTensor)
     state.undo = install("sglang", version, modules, dist_dir)
     return state

@@ -9,7 +9,8 @@ from verlx.config.loader import build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 
 
-def make_config(model_dir, data_dir, out_dir, *overrides) -> PPOConfig:
+def e2e_overrides(model_dir, data_dir, out_dir, *overrides) -> list[str]:
+    """The command-line overrides of a small end-to-end run (2 CPU workers, hf engine, one step)."""
     base = [
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
         "data.train_batch_size=8", "data.max_prompt_length=32", "data.max_response_length=8",
@@ -22,7 +23,12 @@ def make_config(model_dir, data_dir, out_dir, *overrides) -> PPOConfig:
         f"trainer.default_local_dir={out_dir}/ckpt", "trainer.val_before_train=false", "reward.num_workers=0",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
     ]
-    return build(PPOConfig, to_container(load_yaml(overrides=[*base, *overrides])))
+    return [*base, *overrides]
+
+
+def make_config(model_dir, data_dir, out_dir, *overrides) -> PPOConfig:
+    overrides = e2e_overrides(model_dir, data_dir, out_dir, *overrides)
+    return build(PPOConfig, to_container(load_yaml(overrides=overrides)))
 
 
 def read_metrics(out_dir) -> list[dict]:

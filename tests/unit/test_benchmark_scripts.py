@@ -93,3 +93,32 @@ def test_parity_2gpu_cpu_mode_matches_one_rank_in_fp32(tmp_path):
         assert check["ok"] and check["loss_abs"] <= 1e-5 and check["grad_norm_rel"] <= 1e-5, check
     assert result["results"]["sp2"]["ranks_agree"]
     assert result["results"]["1gpu"]["grad_norm"] > 0 and result["results"]["1gpu"]["pg_loss"] != 0
+
+
+def test_rollout_throughput_drives_each_engine_in_its_own_process(tmp_path):
+    """CPU smoke of the engine comparison: every engine forced to the full response length, its log-probs checked
+    against transformers' forward pass, wake + push timed; an engine that cannot start is reported, not hidden."""
+    script = os.path.join(REPO, "benchmarks", "rollout_throughput.py")
+    small = ["--device", "cpu", "--shapes", "tiny", "--prompts", "2", "--prompt-len", "4", "--new-tokens", "4"]
+    _run([sys.executable, script, *small, "--engines", "native,hf"], tmp_path)
+    records = json.load(open(tmp_path / "rollout_throughput.json"))
+    assert [r["engine"] for r in records] == ["native", "hf"]
+    for r in records:
+        assert r["warm_tok_s"] > 0 and r["wake_push_s"] >= 0
+        assert r["logprob_gap"] < 0.01  # fp32 engine on the CPU against a bf16 forward pass
+
+    failed = subprocess.run([sys.executable, script, *small, "--engines", "sglang"], cwd=REPO, capture_output=True,
+                            text=True, timeout=180, env={**os.environ, "OUT": str(tmp_path)})
+    assert failed.returncode == 1
+    assert "sglang FAILED" in failed.stdout and "| tiny | sglang | failed |" in failed.stdout
+
+
+def test_reward_overhead_runs_and_counts_the_hung_samples(tmp_path):
+    proc = _run([sys.executable, "benchmarks/reward_overhead.py", "--samples", "64", "--repeats", "1",
+                 "--hung", "2", "--timeout", "1"], tmp_path)
+    with open(tmp_path / "reward_overhead.json") as f:
+        result = json.load(f)
+    assert result["samples"] == 64 and result["workers"] == 2
+    assert result["hung"]["samples"] == 2 and result["hung"]["timeouts"] == 2
+    assert result["pool_s"]["median"] > 0 and result["driver_s"]["median"] > 0
+    assert "2 hung samples, reward.timeout_s=1" in proc.stdout

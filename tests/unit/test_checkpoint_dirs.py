@@ -1,13 +1,13 @@
-"""Driver-side checkpoint directories: completeness, resume resolution, incompatible changes, NaN guard."""
+"""Driver-side checkpoint directories: completeness, resume resolution, NaN guard."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 import torch
 
+from verlx.config.loader import ConfigError
 from verlx.config.run import TrainerConfig
 from verlx.trainer import checkpointing
 from verlx.workers.guarded_step import GuardedStepper, NonFiniteUpdates
@@ -28,7 +28,7 @@ def test_finalize_renames_and_latest_picks_highest_complete(tmp_path):
     make_complete(tmp_path, 10)
     os.makedirs(tmp_path / "global_step_12" / "actor")  # no COMPLETE marker: never picked
     cfg = TrainerConfig(default_local_dir=str(tmp_path), resume_mode="auto")
-    assert checkpointing.resolve_resume_path(cfg, use_critic=False) == str(tmp_path / "global_step_10")
+    assert checkpointing.resolve_resume_path(cfg) == str(tmp_path / "global_step_10")
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "10"
 
 
@@ -42,50 +42,40 @@ def test_incomplete_temp_directory_is_never_finalized(tmp_path):
 
 def test_explicit_resume_path_errors_name_missing_files(tmp_path):
     cfg = TrainerConfig(resume_mode="resume_path", resume_from_path=str(tmp_path / "nope"))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        checkpointing.resolve_resume_path(cfg, use_critic=False)
+    with pytest.raises(ConfigError, match="does not exist"):
+        checkpointing.resolve_resume_path(cfg)
     partial = tmp_path / "global_step_4"
     (partial / "actor" / "dcp").mkdir(parents=True)
+    (partial / "critic").mkdir()
     (partial / "data.pt").write_bytes(b"")
     cfg = TrainerConfig(resume_mode="resume_path", resume_from_path=str(partial))
-    with pytest.raises(FileNotFoundError) as info:
-        checkpointing.resolve_resume_path(cfg, use_critic=True)
+    with pytest.raises(ConfigError) as info:
+        checkpointing.resolve_resume_path(cfg)
     text = str(info.value)
-    assert "COMPLETE" in text and "actor/dcp/.metadata" in text and "critic/dcp/.metadata" in text
+    assert f"trainer.resume_from_path={partial}" in text and "no COMPLETE marker" in text
+    assert "actor/dcp/.metadata" in text and "critic/dcp/.metadata" in text and "data.pt" not in text
 
 
 def test_disable_ignores_checkpoints(tmp_path):
     make_complete(tmp_path, 1)
     assert checkpointing.resolve_resume_path(TrainerConfig(default_local_dir=str(tmp_path),
-                                                           resume_mode="disable"), False) is None
+                                                           resume_mode="disable")) is None
 
 
 def test_prune_keeps_the_newest(tmp_path):
     for s in (1, 2, 3):
         make_complete(tmp_path, s)
-    assert checkpointing.prune(str(tmp_path), 2) == [1]
+    assert checkpointing.prune(str(tmp_path), 2, newest=3) == [1]
     assert checkpointing.complete_steps(str(tmp_path)) == [2, 3]
 
 
-def test_breaking_config_changes_are_named(tmp_path):
-    step = tmp_path / "global_step_1"
-    (step / "actor" / "huggingface").mkdir(parents=True)
-    saved = {"actor_rollout_ref": {"actor": {"strategy": "fsdp", "optim": {"optimizer": "AdamW"}},
-                                   "model": {"lora_rank": 0, "target_modules": "all-linear"}},
-             "critic": {"strategy": "fsdp"}}
-    (step / "config.json").write_text(json.dumps(saved))
-    (step / "actor" / "huggingface" / "config.json").write_text(json.dumps({"hidden_size": 64, "vocab_size": 100}))
-    now = json.loads(json.dumps(saved))
-    now["actor_rollout_ref"]["model"]["lora_rank"] = 8
-
-    class HF:
-        hidden_size, vocab_size = 128, 100
-
-    problems = checkpointing.resume_incompatibilities(str(step), now, HF())
-    assert problems == [
-        "actor_rollout_ref.model.lora_rank was 0 when the checkpoint was saved and is 8 now",
-        "model config hidden_size was 64 in the checkpoint and is 128 in actor_rollout_ref.model.path",
-    ]
+def test_prune_never_deletes_the_checkpoint_just_saved_for_newer_ones(tmp_path):
+    """A run resumed from step 2 (step 4 damaged, or resume_from_path chose an older one) saves step 3: the
+    checkpoints it counts are its own and older ones, not step 4, which it will replace when it gets there."""
+    for s in (1, 2, 3, 4):
+        make_complete(tmp_path, s)
+    assert checkpointing.prune(str(tmp_path), 1, newest=3) == [1, 2]
+    assert checkpointing.complete_steps(str(tmp_path)) == [3, 4]
 
 
 def test_nonfinite_gradients_skip_the_step_and_stop_after_n_in_a_row():

@@ -213,3 +213,18 @@ def test_missing_files_are_named(tmp_path):
     text = str(info.value)
     assert f"data.train_files: file '{tmp_path / 'nope.parquet'}' does not exist" in text
     assert "actor_rollout_ref.model.path: directory" in text
+
+
+@pytest.mark.parametrize("steps", [0, -3])
+def test_total_training_steps_zero_or_negative_is_an_error_not_the_epoch_count(steps):
+    with pytest.raises(ConfigError) as info:
+        validate(_arith(**{"trainer.total_training_steps": steps}), check_files=False)
+    assert (f"trainer.total_training_steps={steps} must be positive; use null to train for trainer.total_epochs "
+            "(30)") in str(info.value)
+
+
+def test_total_epochs_must_be_positive_when_steps_come_from_epochs():
+    with pytest.raises(ConfigError, match=r"trainer.total_epochs=0 must be positive when "
+                                          r"trainer.total_training_steps is null"):
+        validate(_arith(**{"trainer.total_epochs": 0}), check_files=False)
+    validate(_arith(**{"trainer.total_epochs": 0, "trainer.total_training_steps": 5}), check_files=False)

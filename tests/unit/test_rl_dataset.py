@@ -107,6 +107,28 @@ def test_truncation_modes(tmp_path, tokenizer, mode, kept):
     assert ds[0]["attention_mask"].sum() == 25
 
 
+@pytest.mark.parametrize("mode", ["left", "right", "middle"])
+def test_truncation_is_reported_with_counts(tmp_path, tokenizer, caplog, mode):
+    rows = [row("x" * k, i=k) for k in (1, 7, 6, 12, 3)]  # lengths 20, 26, 25, 31, 22: two over 25, by 1 and 6
+    path = write(tmp_path, "a.parquet", rows)
+    with caplog.at_level(logging.INFO, logger="verlx.data.rl_dataset"):
+        ds = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=25, truncation=mode))
+    assert ds.prompt_lengths.tolist() == [20, 25, 25, 25, 22] and ds.num_truncated == 2
+    (record,) = [r for r in caplog.records if "RLHFDataset" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert (f"5 of 5 rows kept; 2 prompts longer than data.max_prompt_length=25 cut by data.truncation={mode} "
+            "(7 tokens removed in all, at most 6 from one prompt)") in record.getMessage()
+
+
+def test_nothing_to_truncate_reports_no_cut(tmp_path, tokenizer, caplog):
+    path = write(tmp_path, "a.parquet", [row("x", i=0), row("yy", i=1)])
+    with caplog.at_level(logging.INFO, logger="verlx.data.rl_dataset"):
+        ds = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=25, truncation="left"))
+    assert ds.num_truncated == 0
+    (record,) = [r for r in caplog.records if "RLHFDataset" in r.getMessage()]
+    assert record.levelno == logging.INFO and record.getMessage().endswith("2 of 2 rows kept")
+
+
 def test_truncation_error_names_file_row_length_and_keys(tmp_path, tokenizer):
     path = write(tmp_path, "long.parquet", [row("ok"), row("x" * 30)])
     with pytest.raises(ValueError) as e:

@@ -11,6 +11,7 @@ from packaging.version import Version
 from engine_fakes.contexts import make_ctx
 from verlx.rollout.base import SamplingParams
 from verlx.rollout.engine_layout import plan_engine_layout
+from verlx.rollout.kernel_backends import KernelInventory
 from verlx.rollout.sglang_adapter import (
     SGLangFeatures,
     build_server_args,
@@ -45,7 +46,7 @@ def test_server_args_of_a_two_node_group(tmp_path):
               "enable_weights_cpu_backup", "context_length", "chunked_prefill_size", "disable_radix_cache",
               "disable_cuda_graph", "random_seed", "port", "nccl_port"}
     args = build_server_args(ctx, layout, frozenset(fields), base_gpu_id=0, dist_init_addr="10.0.0.1:30002",
-                             weights_cpu_backup=False)
+                             weights_cpu_backup=False, kernels=KernelInventory(capability=None))
     assert args == dict(
         model_path=str(tmp_path), tp_size=16, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:30002", base_gpu_id=0,
         gpu_id_step=1, enable_weights_cpu_backup=False, context_length=4096, chunked_prefill_size=-1,
@@ -65,11 +66,13 @@ def test_server_args_of_a_two_node_group(tmp_path):
         (SamplingParams(temperature=1.0, top_k=0, max_new_tokens=8, min_new_tokens=3, ignore_eos=True,
                         stop_token_ids=[2], seed=11),
          dict(n=1, max_new_tokens=8, min_new_tokens=3, temperature=1.0, top_p=1.0, top_k=-1, ignore_eos=True,
-              stop_token_ids=[], sampling_seed=11)),
+              stop_token_ids=[])),
     ],
     ids=["sampling", "greedy", "ignore_eos_seed_topk0"],
 )
 def test_sampling_params(params, expected):
+    """The step seed never becomes sampling_seed: SGLang's seeded sampler draws the same noise for the same
+    (seed, position), so the n samples of a prompt would all be identical (every GRPO advantage 0)."""
     assert sglang_sampling_params(params) == {**expected, "no_stop_trim": True, "skip_special_tokens": False}
 
 

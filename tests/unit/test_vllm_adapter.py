@@ -10,6 +10,7 @@ from verlx.config.roles import EngineKwargs
 from verlx.rollout.base import SamplingParams
 from verlx.rollout.engine_layout import plan_engine_layout
 from verlx.rollout.token_io import EngineGenerationError
+from verlx.rollout.kernel_backends import KernelInventory
 from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloaded_names, vllm_sampling_kwargs
 
 
@@ -18,7 +19,7 @@ from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloa
     [
         (SamplingParams(n=3, temperature=0.6, top_p=0.95, top_k=40, max_new_tokens=100, stop_token_ids=[2], seed=9),
          True, dict(n=3, max_tokens=100, min_tokens=0, temperature=0.6, top_p=0.95, top_k=40, ignore_eos=False,
-                    stop_token_ids=[2], logprobs=0, seed=9)),
+                    stop_token_ids=[2], logprobs=0)),
         (SamplingParams(temperature=0.0, top_p=0.3, top_k=3, max_new_tokens=7, stop_token_ids=[2, 5], seed=1),
          False, dict(n=1, max_tokens=7, min_tokens=0, temperature=0.0, top_p=1.0, top_k=-1, ignore_eos=False,
                      stop_token_ids=[2, 5], logprobs=None)),
@@ -30,6 +31,9 @@ from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloa
     ids=["sampling_seeded", "greedy", "ignore_eos"],
 )
 def test_sampling_kwargs(params, want, expected):
+    """No per-request seed: vLLM samples seeded requests one by one in Python with their own generators, and
+    gives the prompts of a batch correlated noise (children get seed + index); the engine's own seed (per replica)
+    keeps tensor-parallel peers in step."""
     assert vllm_sampling_kwargs(params, want) == {**expected, "detokenize": False}
 
 
@@ -80,6 +84,7 @@ def test_unloaded_names_understand_fused_parameters():
 def test_user_engine_kwargs_pass_through(tmp_path):
     ctx = make_ctx(str(tmp_path), engine_kwargs=EngineKwargs(vllm={"max_logprobs": 1, "enforce_eager": True,
                                                                     "sleep_mode_offload_cudagraph": None}))
-    args = build_llm_args(ctx, plan_engine_layout(0, 1, 1, 1, 1), ["max_logprobs", "enforce_eager"])
+    args = build_llm_args(ctx, plan_engine_layout(0, 1, 1, 1, 1), ["max_logprobs", "enforce_eager"],
+                          KernelInventory(capability=None))
     assert args["max_logprobs"] == 1 and args["enforce_eager"] is True
     assert "sleep_mode_offload_cudagraph" not in args  # None means "leave vLLM's default"

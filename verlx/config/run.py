@@ -55,7 +55,7 @@ class RewardConfig:
     num_workers: int = 2
     timeout_s: float = 30.0
     error_score: float = 0.0
-    max_error_fraction: float = 1.0
+    max_error_fraction: float = 0.1
     show_errors: int = 3
 
 
@@ -109,6 +109,7 @@ class TrainerConfig:
     save_freq: int = -1
     resume_mode: str = "auto"
     resume_from_path: str | None = None
+    allow_finished_resume: bool = False
     val_before_train: bool = True
     val_only: bool = False
     test_freq: int = -1

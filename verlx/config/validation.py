@@ -254,6 +254,18 @@ def check_unsupported(cfg: PPOConfig, f: Findings) -> None:
         _registered(f, "trainer.logger", name, LOGGERS)
 
 
+def check_run_length(cfg: PPOConfig, f: Findings) -> None:
+    """Only null means "from the epochs": a 0 that silently became a full run of total_epochs was a trap."""
+    t = cfg.trainer
+    if t.total_training_steps is not None:
+        f.require(t.total_training_steps > 0,
+                  f"trainer.total_training_steps={t.total_training_steps} must be positive; use null to train for "
+                  f"trainer.total_epochs ({t.total_epochs}), or trainer.val_only=true to only validate")
+    else:
+        f.require(t.total_epochs > 0, f"trainer.total_epochs={t.total_epochs} must be positive when "
+                  "trainer.total_training_steps is null")
+
+
 def _model_head_counts(path: str | None) -> SimpleNamespace | None:
     """num_attention_heads / num_key_value_heads from the model's config.json, when it exists and has them."""
     if path is None:
@@ -374,6 +386,7 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     f = Findings()
     check_names(cfg, f)
     check_unsupported(cfg, f)
+    check_run_length(cfg, f)
     if not f.problems:
         from verlx.workers.megatron.config_checks import megatron_problems
 

@@ -97,6 +97,7 @@ class RLHFDataset:
             )
         self.skipped: list[SkippedRow] = []
         self.num_filtered = 0
+        self.truncated_tokens = np.zeros(0, dtype=np.int64)  # tokens cut from each truncated prompt
         self._load(max_samples)
 
     @staticmethod
@@ -197,6 +198,7 @@ class RLHFDataset:
         truncate = PROMPT_TRUNCATIONS.get(self.config.truncation)
         for i in over:
             ids[i] = truncate(ids[i], limit)
+        self.truncated_tokens = lengths[over] - limit
         return good, texts, ids
 
     def _store(self, columns: dict[str, list], good: list[int], texts: list[str], ids: list[list[int]]) -> None:
@@ -215,21 +217,31 @@ class RLHFDataset:
             self._non_tensor["full_prompt"] = _object_array(texts)
 
     def _report(self, num_read: int) -> None:
-        dropped = []
+        changes = []
         if self.num_skipped:
             reasons = ", ".join(f"{n} {kind}" for kind, n in self.skip_reasons.items())
-            dropped.append(f"{self.num_skipped} bad rows skipped ({reasons})")
+            changes.append(f"{self.num_skipped} bad rows skipped ({reasons})")
         if self.num_filtered:
-            dropped.append(
+            changes.append(
                 f"{self.num_filtered} prompts longer than data.max_prompt_length={self.max_prompt_length} dropped"
             )
+        if self.num_truncated:
+            changes.append(
+                f"{self.num_truncated} prompts longer than data.max_prompt_length={self.max_prompt_length} cut by "
+                f"data.truncation={self.config.truncation} ({int(self.truncated_tokens.sum())} tokens removed in "
+                f"all, at most {int(self.truncated_tokens.max())} from one prompt)"
+            )
         message = f"RLHFDataset {self.files}: {len(self)} of {num_read} rows kept"
-        (logger.warning if dropped else logger.info)(message + ("; " + "; ".join(dropped) if dropped else ""))
+        (logger.warning if changes else logger.info)(message + ("; " + "; ".join(changes) if changes else ""))
 
     # ------------------------------------------------------------------ reporting
     @property
     def num_skipped(self) -> int:
         return len(self.skipped)
+
+    @property
+    def num_truncated(self) -> int:
+        return len(self.truncated_tokens)
 
     @property
     def skip_reasons(self) -> dict[str, int]:

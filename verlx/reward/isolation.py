@@ -3,7 +3,8 @@ forever costs one sample (scored as failed) and one process (killed and replaced
 
 Workers are fresh interpreters started once (see _score_worker.py) and reused across steps. Samples go out
 in chunks (few messages per step); results come back one per sample, so the driver always knows which sample
-a worker is on and since when. Stuck samples on different workers wait out their timeouts in parallel.
+a worker is on and since when. A sample that runs far longer than samples usually take is left alone on its
+process while a fresh process takes over the queue behind it, so stuck samples wait out their timeouts side by side.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ _WORKER_MAIN = "import sys; from verlx.reward._score_worker import serve; serve(
 # Libraries inside reward functions must not start one thread per core in every scoring process.
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 MAX_CHUNK = 64
+# A sample is suspected stuck once it has run HEDGE_FACTOR times longer than the slowest recent sample, but never
+# sooner than HEDGE_MIN_S (a scheduling hiccup) nor later than a quarter of the timeout. "Recent" fades by
+# HEDGE_DECAY per finished sample, so one slow sample does not slow the hand-over for the rest of the run.
+HEDGE_FACTOR = 10.0
+HEDGE_MIN_S = 0.1
+HEDGE_DECAY = 0.99
+# Stuck samples that may wait out their timeouts at once (at least): a whole GRPO group of 16 that hangs costs one
+# timeout. Each is an idle or spinning process until its timeout kills it.
+MIN_STRAGGLERS = 16
 
 
 @dataclass
@@ -137,10 +147,13 @@ def _kill_all(*groups: list) -> None:
 class ScorePool:
     """`num_workers` scoring processes running `score_fn(**call)` with `timeout_s` per call.
 
-    A sample that runs past `hedge_after_s` (a quarter of the timeout by default) makes its process a
-    straggler: it keeps only that sample until it finishes or times out, while a fresh process takes its place
-    and the rest of its chunk. So stuck samples wait out their timeouts side by side (up to `max_stragglers`
-    at once) and a batch with a few of them takes about one timeout, not one timeout per stuck sample.
+    A sample that runs past `hedge_after_s` makes its process a straggler: it keeps only that sample until it
+    finishes or times out, while a fresh process takes its place and the rest of its chunk. So stuck samples wait
+    out their timeouts side by side (up to `max_stragglers` at once) and a batch with a few of them takes about one
+    timeout, not one per stuck sample, even when they sit next to each other in one chunk. By default
+    `hedge_after_s` follows how long samples take (HEDGE_FACTOR × the slowest recent one, within HEDGE_MIN_S and
+    a quarter of the timeout): a stuck sample among millisecond ones is handed over within a fraction of a
+    second, while a reward that legitimately takes seconds per sample is not churned through fresh processes.
     """
 
     def __init__(
@@ -157,8 +170,9 @@ class ScorePool:
         if not timeout_s > 0:
             raise ValueError(f"reward.timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = float(timeout_s)
-        self.hedge_after_s = self.timeout_s / 4 if hedge_after_s is None else float(hedge_after_s)
-        self.max_stragglers = 4 * num_workers if max_stragglers is None else int(max_stragglers)
+        self.fixed_hedge_after_s = None if hedge_after_s is None else float(hedge_after_s)
+        self._slowest_recent_s: float | None = None  # none finished yet: hand over only after a quarter timeout
+        self.max_stragglers = max(MIN_STRAGGLERS, 4 * num_workers) if max_stragglers is None else int(max_stragglers)
         self.start_timeout_s = float(start_timeout_s)
         self.replacements = 0
         self._payload = serialize_score_function(score_fn)
@@ -230,6 +244,16 @@ class ScorePool:
     def _deadline(self, w: _Worker) -> float:
         return w.started_at + self.timeout_s + (0.0 if w.ready else self.start_timeout_s)
 
+    @property
+    def hedge_after_s(self) -> float:
+        """How long a sample may run before the samples queued behind it move to a fresh process."""
+        if self.fixed_hedge_after_s is not None:
+            return self.fixed_hedge_after_s
+        longest = self.timeout_s / 4
+        if self._slowest_recent_s is None:
+            return longest
+        return min(max(HEDGE_FACTOR * self._slowest_recent_s, HEDGE_MIN_S), longest)
+
     def _hedge_time(self, w: _Worker, pending: collections.deque) -> float:
         """When `w` should hand its queue to a fresh process (never, if nothing waits on it)."""
         if w.straggler or not w.ready or len(self._stragglers) >= self.max_stragglers:
@@ -262,6 +286,9 @@ class ScorePool:
                 f"custom_reward_function.path):\n{message[1]}"
             )
         _, index, ok, value, finished_at = message
+        took = finished_at - w.started_at
+        recent = self._slowest_recent_s
+        self._slowest_recent_s = took if recent is None else max(took, recent * HEDGE_DECAY)
         w.position += 1
         w.started_at = finished_at
         if w.straggler and not w.busy:

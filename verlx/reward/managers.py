@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 REWARD_MANAGERS: Registry[type["NaiveRewardManager"]] = Registry("reward manager", "reward_model.reward_manager")
 SHOWN_TEXT_CHARS = 2000
+MAX_LISTED_SAMPLES = 20
 
 
 class RewardFailure(RuntimeError):
@@ -237,27 +238,39 @@ class NaiveRewardManager:
 
     # ------------------------------------------------------------------ failures
     def _account(self, scored: list[_Scored], calls: list[dict], texts: list[str]) -> dict[str, float]:
-        failed = [i for i, s in enumerate(scored) if s.status != "ok"]
+        failed = [i for i, s in enumerate(scored) if s.status in ("error", "timeout")]
         timeouts = sum(scored[i].status == "timeout" for i in failed)
         n = len(scored)
         for i in failed[: self.config.show_errors]:
             logger.warning("reward computation failed:\n%s", self._failure_report(i, scored, calls, texts))
         if failed and (len(failed) == n or len(failed) > self.config.max_error_fraction * n):
-            why = (
-                "every sample"
-                if len(failed) == n
-                else f"more than reward.max_error_fraction={self.config.max_error_fraction}"
-            )
-            raise RewardFailure(
-                f"{len(failed)}/{n} reward computations failed ({len(failed) - timeouts} errors, {timeouts} "
-                f"timeouts): {why}. Refusing to train on made-up rewards. First failure:\n"
-                + self._failure_report(failed[0], scored, calls, texts)
-            )
+            raise RewardFailure(self._refusal(failed, timeouts, scored, calls, texts))
         return {
             "reward/errors": float(len(failed) - timeouts),
             "reward/timeouts": float(timeouts),
             "reward/error_rate": len(failed) / n if n else 0.0,
         }
+
+    def _refusal(self, failed: list[int], timeouts: int, scored: list[_Scored], calls, texts) -> str:
+        """Why the batch is refused: counts, the failed samples, what to do, the first failure in full."""
+        n, limit = len(scored), self.config.max_error_fraction
+        unscored = sum(s.status == "aborted" for s in scored)
+        counts = f"{len(failed) - timeouts} errors, {timeouts} timeouts"
+        if unscored:
+            counts += f"; {unscored} samples left unscored once the outcome was certain"
+        shown = ", ".join(map(str, failed[:MAX_LISTED_SAMPLES])) + (
+            f", ... ({len(failed) - MAX_LISTED_SAMPLES} more)" if len(failed) > MAX_LISTED_SAMPLES else "")
+        if len(failed) == n:
+            why, remedy = "every sample", "Fix the reward function (no setting trains on a batch without rewards)."
+        else:
+            why = f"more than reward.max_error_fraction={limit} of the batch"
+            remedy = (f"Fix the reward function, or set reward.max_error_fraction=1.0 to train on, with "
+                      f"reward.error_score={self.config.error_score:g} for the failed samples.")
+        return (
+            f"{len(failed)}/{n} reward computations failed ({counts}): {why}. Refusing to train on made-up rewards. "
+            f"Failed samples: {shown}. {remedy} First failure:\n"
+            + self._failure_report(failed[0], scored, calls, texts)
+        )
 
     @staticmethod
     def _failure_report(i: int, scored: list[_Scored], calls: list[dict], texts: list[str]) -> str:

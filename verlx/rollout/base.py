@@ -162,7 +162,10 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into the engine, bucket by bucket; raise if the engine rejects them."""
+        """One push of a weight version: copy the HF-named tensors of a (lazy) stream into the engine, bucket by
+        bucket; raise if the engine rejects them. Engines that start from random weights or discard them while
+        asleep count what arrived within this one call, so callers pass the whole stream at once, never one
+        bucket per call."""
 
 
 def register_engine(name: str):

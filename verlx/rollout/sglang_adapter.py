@@ -16,6 +16,7 @@ from packaging.version import Version
 from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.engine_layout import EngineLayout
 from verlx.rollout.engine_versions import at_least
+from verlx.rollout.kernel_backends import KernelInventory, sglang_backends
 from verlx.rollout.token_io import EngineGenerationError, GenerationResult, require_finished
 from verlx.utils.registry import did_you_mean
 
@@ -92,9 +93,11 @@ def build_server_args(
     base_gpu_id: int,
     dist_init_addr: str | None,
     weights_cpu_backup: bool,
+    kernels: KernelInventory,
 ) -> dict[str, Any]:
     """Keyword arguments of sglang.Engine for this rank's engine; user engine_kwargs are checked against
-    ServerArgs and may not override what the mesh decides."""
+    ServerArgs and may not override what the mesh decides. Attention/sampling backends whose kernels are missing
+    here are replaced (logged) unless engine_kwargs names them."""
     cfg = ctx.config
     ours: dict[str, Any] = dict(
         model_path=ctx.model_path,
@@ -123,11 +126,15 @@ def build_server_args(
         disable_radix_cache=not cfg.enable_prefix_caching,
         log_level="error",
     )
+    user = {k: v for k, v in dict(cfg.engine_kwargs.sglang or {}).items() if v is not None}
+    backends = sglang_backends(kernels, user)
+    ours.update(backends.args)
+    if backends.reasons:
+        logger.warning("sglang: choosing %s; set %s.<key> to override", "; ".join(backends.reasons), ENGINE_KWARGS_KEY)
     dropped = sorted(k for k in ours if k not in field_names)
     if dropped:
         logger.info("sglang ServerArgs of this release lacks %s; not passing them", dropped)
     args = {k: v for k, v in ours.items() if k in field_names}
-    user = {k: v for k, v in dict(cfg.engine_kwargs.sglang or {}).items() if v is not None}
     for key in user:
         if key in MANAGED_SERVER_ARGS:
             raise ValueError(
@@ -149,6 +156,8 @@ def sglang_sampling_params(params: SamplingParams) -> dict[str, Any]:
     Greedy is temperature 0 with top_p 1 and top_k -1 (all); top_k 0 also means all (SGLang only accepts -1).
     stop_token_ids are the EOS ids, so ignore_eos drops them too (SGLang would otherwise stop on them anyway).
     no_stop_trim keeps the stop token in output_ids: the response mask includes it.
+    The step seed is not passed as sampling_seed: SGLang's seeded sampler draws the same noise for the same (seed,
+    position), so the n samples of one prompt would be identical; the engine's random_seed (per replica) is used.
     """
     greedy = params.greedy
     out: dict[str, Any] = dict(
@@ -163,8 +172,6 @@ def sglang_sampling_params(params: SamplingParams) -> dict[str, Any]:
         no_stop_trim=True,
         skip_special_tokens=False,
     )
-    if params.seed is not None and not greedy:
-        out["sampling_seed"] = int(params.seed)
     return out
 
 

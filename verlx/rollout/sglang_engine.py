@@ -22,6 +22,7 @@ from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, RolloutEngine, register_engine, resolve_sampling
 from verlx.rollout.engine_layout import DEFAULT_BASE_PORT, engine_visible_devices, plan_engine_layout
 from verlx.rollout.engine_versions import check_engine_version
+from verlx.rollout.kernel_backends import inventory as kernel_inventory
 from verlx.rollout.residency import WEIGHTS, EngineResidency
 from verlx.rollout.sglang_adapter import (
     SGLangFeatures,
@@ -68,6 +69,16 @@ def _monkey_patch_torch_reductions() -> None:
     except ImportError:
         from sglang.srt.patch_torch import monkey_patch_torch_reductions
     monkey_patch_torch_reductions()
+
+
+def _local_serialized_tensor_class() -> type:
+    """Where the class lives: model_runner_components.weight_updater (seen in 0.5.17 and 0.5.23), model_runner in
+    older releases."""
+    try:
+        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
+    except ImportError:
+        from sglang.srt.model_executor.model_runner import LocalSerializedTensor
+    return LocalSerializedTensor
 
 
 @register_engine("sglang")
@@ -131,6 +142,7 @@ class SGLangRolloutEngine(RolloutEngine):
                 base_gpu_id=base_gpu_id,
                 dist_init_addr=dist_init_addr,
                 weights_cpu_backup=cpu_backup,
+                kernels=kernel_inventory(),
             )
             if self.layout.launches_engine:
                 self._engine = self._launch(visible)
@@ -279,8 +291,7 @@ class SGLangRolloutEngine(RolloutEngine):
     @staticmethod
     def _local_serialized(handles: list[list[tuple[str, bytes]]]) -> list:
         """Per-rank handle lists → [(name, LocalSerializedTensor(values=[handle of tp rank 0, 1, ...]))]."""
-        from sglang.srt.model_executor.model_runner import LocalSerializedTensor
-
+        LocalSerializedTensor = _local_serialized_tensor_class()
         names = [name for name, _ in handles[0]]
         for tp_rank, rank_handles in enumerate(handles):
             if [name for name, _ in rank_handles] != names:

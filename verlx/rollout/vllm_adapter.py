@@ -7,13 +7,16 @@ documented vllm 0.11–0.33 in-process API (docs/rollout.md lists them).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable
 
 from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.engine_layout import EngineLayout
+from verlx.rollout.kernel_backends import KernelInventory, vllm_backends
 from verlx.rollout.token_io import EngineGenerationError, GenerationResult, require_finished
 from verlx.utils.registry import did_you_mean
 
+logger = logging.getLogger(__name__)
 ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm"
 #: LLM arguments verlx derives from the mesh, the sleep cycle and the log-prob convention.
 MANAGED_LLM_ARGS = frozenset(
@@ -35,8 +38,10 @@ def _dtype_arg(dtype: str) -> str:
     return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype)
 
 
-def build_llm_args(ctx: RolloutContext, layout: EngineLayout, field_names: Iterable[str]) -> dict[str, Any]:
+def build_llm_args(ctx: RolloutContext, layout: EngineLayout, field_names: Iterable[str],
+                   kernels: KernelInventory) -> dict[str, Any]:
     """Keyword arguments of vllm.LLM for this rank; user engine_kwargs are checked against EngineArgs' fields.
+    An attention backend whose kernels are missing here is replaced (logged) unless engine_kwargs names one.
 
     seed is the same on every rank of a TP group (rollout.seed + data-parallel rank): vLLM's SPMD mode needs TP
     peers to sample identically, and different replicas to sample differently.
@@ -67,6 +72,10 @@ def build_llm_args(ctx: RolloutContext, layout: EngineLayout, field_names: Itera
         logprobs_mode=LOGPROBS_MODE,
     )
     user = {k: v for k, v in dict(cfg.engine_kwargs.vllm or {}).items() if v is not None}
+    backends = vllm_backends(kernels, user)
+    if backends.reasons and "attention_backend" in field_names:
+        logger.warning("vllm: choosing %s; set %s.<key> to override", "; ".join(backends.reasons), ENGINE_KWARGS_KEY)
+        args.update(backends.args)
     for key in user:
         if key in MANAGED_LLM_ARGS:
             raise ValueError(
@@ -87,6 +96,9 @@ def vllm_sampling_kwargs(params: SamplingParams, want_log_probs: bool) -> dict[s
     max_tokens is always explicit (vLLM's default is 16). Greedy is temperature 0 (vLLM then ignores top-p/k and
     the seed); top_k <= 0 means all tokens (-1). stop_token_ids are the EOS ids: vLLM's ignore_eos only ignores
     the model's EOS, so they are dropped too. logprobs=0 returns the sampled token's log-prob only.
+    No per-request seed: vLLM samples seeded requests one at a time with their own generators (slow at RL batch
+    sizes) and seeds a prompt's children seed + index, the same noise for every prompt; the engine's seed (per
+    replica, identical on tensor-parallel peers) is used instead.
     """
     greedy = params.greedy
     kwargs: dict[str, Any] = dict(
@@ -101,8 +113,6 @@ def vllm_sampling_kwargs(params: SamplingParams, want_log_probs: bool) -> dict[s
         detokenize=False,
         logprobs=0 if want_log_probs else None,
     )
-    if params.seed is not None and not greedy:
-        kwargs["seed"] = int(params.seed)
     return kwargs
 
 

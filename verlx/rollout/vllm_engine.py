@@ -21,6 +21,7 @@ from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, RolloutEngine, register_engine, resolve_sampling
 from verlx.rollout.engine_layout import plan_engine_layout
 from verlx.rollout.engine_versions import check_engine_version
+from verlx.rollout.kernel_backends import inventory as kernel_inventory
 from verlx.rollout.residency import KV_CACHE, EngineResidency, EngineStateError
 from verlx.rollout.token_io import prompt_token_lists, rollout_batch_from_result
 from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloaded_names, vllm_sampling_kwargs
@@ -88,7 +89,7 @@ class VLLMRolloutEngine(RolloutEngine):
             from vllm import LLM, EngineArgs
 
             fields = [f.name for f in dataclasses.fields(EngineArgs)]
-            return LLM(**build_llm_args(self.ctx, self.layout, fields))
+            return LLM(**build_llm_args(self.ctx, self.layout, fields, kernel_inventory()))
 
     def _model(self) -> torch.nn.Module:
         target = self._llm

@@ -60,6 +60,7 @@ def iter_engine_weights(
     kept = ((hf_param_name(n), t) for n, t in named_tensors)
     kept = ((n, t) for n, t in kept if not (tie_word_embeddings and n == "lm_head.weight"))
     for name, tensor in gather_full(kept):
+        tensor = tensor.detach()  # CUDA-IPC pickling refuses tensors that require grad
         if device is not None:
             tensor = tensor.to(device, non_blocking=True)
         if dtype is not None and tensor.is_floating_point():

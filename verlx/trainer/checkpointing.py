@@ -1,18 +1,26 @@
-"""Driver-side checkpoint directories: written under a temporary name, marked complete, then renamed.
+"""Driver-side checkpoint directories: written under a temporary name, listed in a manifest, marked complete, then
+renamed.
 
-A crash or a full disk during a save leaves the previous `global_step_N` untouched, and `resume_mode=auto`
-only ever picks a directory that holds the COMPLETE marker.
+A crash or a full disk during a save leaves the previous `global_step_N` untouched. Before a resume trusts a
+checkpoint its files are checked against its manifest (checkpoint_manifest.py); `resume_mode=auto` walks back from
+the newest directory to the newest intact one, naming what is wrong with each one it skips.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import time
 
 import torch
+
+from verlx.config.loader import ConfigError
+from verlx.trainer.checkpoint_manifest import has_manifest, verify_manifest, write_manifest
+
+logger = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 COMPLETE = "COMPLETE"
@@ -39,32 +47,67 @@ def missing_files(path: str, use_critic: bool) -> list[str]:
 
 
 def complete_steps(root: str) -> list[int]:
+    return [s for s in _step_dirs(root) if os.path.exists(os.path.join(step_dir(root, s), COMPLETE))]
+
+
+def _step_dirs(root: str) -> list[int]:
     if not os.path.isdir(root):
         return []
-    steps = []
-    for name in os.listdir(root):
-        m = STEP_DIR.match(name)
-        if m and os.path.exists(os.path.join(root, name, COMPLETE)):
-            steps.append(int(m.group(1)))
-    return sorted(steps)
+    return sorted(int(m.group(1)) for name in os.listdir(root) if (m := STEP_DIR.match(name)))
 
 
-def resolve_resume_path(trainer_cfg, use_critic: bool) -> str | None:
-    """The checkpoint to resume from, or None; an explicit path that is missing or incomplete is an error."""
-    root = os.path.expanduser(trainer_cfg.default_local_dir)
+def checkpoint_damage(path: str) -> str | None:
+    """What is wrong with the checkpoint at `path`, or None when its files are those its save wrote."""
+    if not os.path.isdir(path):
+        return "the directory does not exist"
+    problems = [] if os.path.exists(os.path.join(path, COMPLETE)) else [
+        f"no {COMPLETE} marker (its save did not finish)"]
+    if has_manifest(path):
+        damage = verify_manifest(path)
+        problems += [str(damage)] if damage else []
+    else:
+        critic = os.path.isdir(os.path.join(path, "critic"))
+        missing = [f for f in missing_files(path, use_critic=critic) if f != COMPLETE]
+        problems += ["missing: " + ", ".join(missing)] if missing else []
+        if not problems:
+            logger.warning("%s was written before checkpoints had a manifest: only the presence of its main files "
+                           "was checked, not their sizes or contents", path)
+    return "; ".join(problems) or None
+
+
+def newest_intact(root: str) -> str | None:
+    """The newest checkpoint under `root` whose files check out; None when there is none at all. Each damaged one
+    skipped on the way is named with its problem; if all are damaged that is an error (starting from scratch would
+    overwrite them)."""
+    damaged = []
+    for step in reversed(_step_dirs(root)):
+        path = step_dir(root, step)
+        problem = checkpoint_damage(path)
+        if problem is None:
+            if damaged:
+                logger.warning("resuming from %s, the newest intact checkpoint", path)
+            return path
+        logger.warning("checkpoint %s is damaged and is skipped: %s", path, problem)
+        damaged.append(f"{path}: {problem}")
+    if damaged:
+        raise ConfigError([f"trainer.resume_mode=auto: no intact checkpoint in trainer.default_local_dir={root}; "
+                           + "; ".join(damaged) + ". Restore the files, or start fresh with "
+                           "trainer.resume_mode=disable (its saves replace those directories)"])
+    return None
+
+
+def resolve_resume_path(trainer_cfg) -> str | None:
+    """The checkpoint to resume from, verified, or None; an explicit path that is missing or damaged is an error."""
     if trainer_cfg.resume_mode == "disable":
         return None
     if trainer_cfg.resume_mode == "auto":
-        steps = complete_steps(root)
-        return step_dir(root, steps[-1]) if steps else None
-    path = os.path.expanduser(trainer_cfg.resume_from_path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"trainer.resume_from_path={trainer_cfg.resume_from_path!r} does not exist")
-    missing = missing_files(path, use_critic)
-    if missing:
-        raise FileNotFoundError(
-            f"trainer.resume_from_path={path!r} is not a complete checkpoint; missing: {', '.join(missing)}"
-        )
+        return newest_intact(os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir)))
+    path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
+    problem = checkpoint_damage(path)
+    if problem is not None:
+        raise ConfigError([f"trainer.resume_from_path={trainer_cfg.resume_from_path}: cannot resume from {path}: "
+                           f"{problem}. Restore those files, or resume from another checkpoint "
+                           "(trainer.resume_mode=auto picks the newest intact one in trainer.default_local_dir)"])
     return path
 
 
@@ -79,12 +122,14 @@ def read_driver_state(path: str) -> dict:
 
 
 def finalize(tmp_dir: str, root: str, step: int, use_critic: bool) -> str:
-    """Check every file is there, mark complete, rename into place, update the latest pointer."""
-    with open(os.path.join(tmp_dir, COMPLETE), "w") as f:
-        f.write(f"{step}\n")
-    missing = missing_files(tmp_dir, use_critic)
+    """Check every file is there, list them in the manifest, mark complete, rename into place, update the latest
+    pointer."""
+    missing = [f for f in missing_files(tmp_dir, use_critic) if f != COMPLETE]
     if missing:
         raise RuntimeError(f"checkpoint for step {step} is incomplete (missing {missing}); nothing was replaced")
+    write_manifest(tmp_dir, skip=(COMPLETE,))
+    with open(os.path.join(tmp_dir, COMPLETE), "w") as f:
+        f.write(f"{step}\n")
     final = step_dir(root, step)
     if os.path.exists(final):
         stale = final + f".old-{os.getpid()}"
@@ -100,11 +145,13 @@ def finalize(tmp_dir: str, root: str, step: int, use_critic: bool) -> str:
     return final
 
 
-def prune(root: str, keep: int | None) -> list[int]:
-    """Delete the oldest complete checkpoints beyond `keep`; returns the removed steps."""
+def prune(root: str, keep: int | None, newest: int) -> list[int]:
+    """Keep the `keep` newest complete checkpoints up to step `newest` (the one just saved), delete older ones;
+    returns the removed steps. Checkpoints past `newest` (left by an earlier run: a damaged one that was skipped,
+    or newer ones than an explicit resume_from_path) are not counted, so the one just saved is never deleted."""
     if not keep or keep <= 0:
         return []
-    steps = complete_steps(root)
+    steps = [s for s in complete_steps(root) if s <= newest]
     removed = steps[:-keep]
     for s in removed:
         shutil.rmtree(step_dir(root, s), ignore_errors=True)
@@ -117,46 +164,3 @@ def remove_stale_temps(root: str) -> None:
         for name in os.listdir(root):
             if name.startswith(".tmp-global_step_"):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-# Keys whose change makes a checkpoint unusable: the saved shards or optimizer state no longer fit.
-_BREAKING_KEYS = (
-    "actor_rollout_ref.actor.strategy",
-    "actor_rollout_ref.model.lora_rank",
-    "actor_rollout_ref.model.target_modules",
-    "actor_rollout_ref.actor.optim.optimizer",
-    "critic.strategy",
-)
-_ARCHITECTURE_KEYS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                      "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings")
-
-
-def _lookup(tree: dict, dotted: str):
-    for part in dotted.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return None
-        tree = tree[part]
-    return tree
-
-
-def resume_incompatibilities(path: str, config_dict: dict, hf_config) -> list[str]:
-    """What changed between the checkpoint at `path` and this run in a way that breaks resuming from it."""
-    problems = []
-    saved_path = os.path.join(path, "config.json")
-    if os.path.exists(saved_path):
-        with open(saved_path) as f:
-            saved = json.load(f)
-        for key in _BREAKING_KEYS:
-            before, now = _lookup(saved, key), _lookup(config_dict, key)
-            if before != now:
-                problems.append(f"{key} was {before!r} when the checkpoint was saved and is {now!r} now")
-    hf_path = os.path.join(path, "actor", "huggingface", "config.json")
-    if os.path.exists(hf_path) and hf_config is not None:
-        with open(hf_path) as f:
-            saved_hf = json.load(f)
-        for key in _ARCHITECTURE_KEYS:
-            before, now = saved_hf.get(key), getattr(hf_config, key, None)
-            if before is not None and before != now:
-                problems.append(f"model config {key} was {before!r} in the checkpoint and is {now!r} in "
-                                f"actor_rollout_ref.model.path")
-    return problems

@@ -26,6 +26,7 @@ def generation_records(batch: DataProto, tokenizer, scores: torch.Tensor) -> lis
     prompts, responses = decode_texts(batch, tokenizer)
     data_sources = batch.non_tensor_batch.get("data_source")
     reward_models = batch.non_tensor_batch.get("reward_model")
+    statuses = batch.non_tensor_batch.get("reward_status")
     records = []
     for i, (p, r, s) in enumerate(zip(prompts, responses, scores.tolist())):
         record = {"prompt": p, "response": r, "score": s}
@@ -33,6 +34,8 @@ def generation_records(batch: DataProto, tokenizer, scores: torch.Tensor) -> lis
             record["data_source"] = str(data_sources[i])
         if reward_models is not None and isinstance(reward_models[i], dict):
             record["ground_truth"] = reward_models[i].get("ground_truth")
+        if statuses is not None:
+            record["reward_status"] = str(statuses[i])  # ok, error or timeout: a failed scoring is not a wrong answer
         records.append(record)
     return records
 

@@ -128,7 +128,8 @@ def check_failures(calls: list[dict], scored: list, config: EvaluationConfig) ->
     if failed and (len(failed) == len(scored) or len(failed) > limit * len(scored)):
         raise RewardFailure(
             f"{len(failed)}/{len(scored)} reward computations failed (more than reward.max_error_fraction={limit}, "
-            f"or all); the report would be made of reward.error_score values. First failure:\n"
+            f"or all); the report would be made of reward.error_score values. Fix the reward function, or set "
+            f"reward.max_error_fraction=1.0 to report anyway (failures are counted per data source). First failure:\n"
             + _failure_report(calls[failed[0]], scored[failed[0]])
         )
 

@@ -14,6 +14,7 @@ from verlx.config.validation import validate
 from verlx.reward.managers import RewardFailure
 from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
 from verlx.trainer.entrypoint import hydra_command
+from verlx.trainer.resume import NothingToDo, stop_if_finished
 
 logger = logging.getLogger("verlx")
 
@@ -95,11 +96,21 @@ def start_ray(config: PPOConfig, use_gpu: bool) -> None:
 
 
 def run_ppo(config: PPOConfig) -> dict[str, float]:
+    """Train; the checkpoint to resume from is picked, verified and compared with this config before Ray starts."""
     from verlx.trainer.ppo_trainer import RayPPOTrainer
 
     use_gpu, tokenizer, train_loader, val_loader, reward_fn = prepare(config)
-    start_ray(config, use_gpu)
-    trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, reward_fn, use_gpu)
+    try:
+        trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, reward_fn, use_gpu)
+        if stop_if_finished(trainer.plan_resume(), config.trainer, trainer.total_steps):
+            return {}
+        start_ray(config, use_gpu)
+        return _train_with_restarts(trainer, config)
+    finally:
+        reward_fn.close()
+
+
+def _train_with_restarts(trainer, config: PPOConfig) -> dict[str, float]:
     restarts = 0
     try:
         while True:
@@ -111,14 +122,13 @@ def run_ppo(config: PPOConfig) -> dict[str, float]:
                     raise
                 restarts += 1
                 logger.error("%s\nrestarting the workers (%d of trainer.max_restarts=%d) and resuming from the "
-                             "latest complete checkpoint", e, restarts, config.trainer.max_restarts)
+                             "newest intact checkpoint", e, restarts, config.trainer.max_restarts)
                 trainer.prepare_restart()
     finally:
         trainer.shutdown()
-        reward_fn.close()
 
 
-main = hydra_command("ppo_trainer", PPOConfig, run_ppo, failures=(WorkerGroupError, RewardFailure))
+main = hydra_command("ppo_trainer", PPOConfig, run_ppo, failures=(WorkerGroupError, RewardFailure, NothingToDo))
 
 if __name__ == "__main__":
     main()

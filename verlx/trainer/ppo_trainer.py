@@ -31,6 +31,7 @@ from verlx.trainer.perf_metrics import (
     step_memory_peak,
     token_counts,
 )
+from verlx.trainer.resume import ResumePoint, plan_resume
 from verlx.trainer.validation import Validator
 from verlx.utils.seqlen_balancing import balance_batch
 from verlx.utils.timer import timed
@@ -61,6 +62,8 @@ class RayPPOTrainer:
         self.hf_config = _load_model_config(config)
         self.total_steps = self._total_steps()
         config.trainer.total_training_steps = self.total_steps
+        self.resume_point: ResumePoint | None = None
+        self.resume_planned = False
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -70,7 +73,7 @@ class RayPPOTrainer:
                 f"the training set yields no batch of data.train_batch_size={self.config.data.train_batch_size} "
                 f"prompts ({len(self.train_loader.dataset)} rows); lower the batch size or add data"
             )
-        return t.total_training_steps or per_epoch * t.total_epochs
+        return per_epoch * t.total_epochs if t.total_training_steps is None else t.total_training_steps
 
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
@@ -109,6 +112,7 @@ class RayPPOTrainer:
         self.train_loader.load_state_dict(self.initial_loader_state)
         if self.kl_ctrl is not None:
             self.kl_ctrl = make_kl_controller(self.config.algorithm.kl_ctrl)
+        self.resume_planned = False
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
@@ -123,32 +127,28 @@ class RayPPOTrainer:
                  "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
         checkpointing.write_driver_state(tmp, state, dataclasses.asdict(self.config))
         final = checkpointing.finalize(tmp, root, self.global_step, self.use_critic)
-        checkpointing.prune(root, t.max_actor_ckpt_to_keep)
+        checkpointing.prune(root, t.max_actor_ckpt_to_keep, newest=self.global_step)
         return final
 
+    def plan_resume(self) -> ResumePoint | None:
+        """Pick, verify and compare the checkpoint to resume from; runs before any worker starts (trainer/resume.py)."""
+        self.resume_point = plan_resume(self.config, self.hf_config, self.total_steps, self.use_critic)
+        self.resume_planned = True
+        return self.resume_point
+
     def load_checkpoint(self) -> None:
-        t = self.config.trainer
-        root = os.path.abspath(os.path.expanduser(t.default_local_dir))
-        checkpointing.remove_stale_temps(root)
-        path = checkpointing.resolve_resume_path(t, self.use_critic)
-        if path is None:
+        point = self.resume_point if self.resume_planned else self.plan_resume()
+        if point is None:
             return
-        missing = checkpointing.missing_files(path, self.use_critic)
-        if missing:
-            raise FileNotFoundError(f"checkpoint {path} is incomplete; missing: {', '.join(missing)}")
-        problems = checkpointing.resume_incompatibilities(path, dataclasses.asdict(self.config), self.hf_config)
-        if problems:
-            raise ValueError(f"cannot resume from {path}: " + "; ".join(problems) +
-                             " (set trainer.resume_mode=disable to start fresh, or restore the settings)")
-        state = checkpointing.read_driver_state(path)
-        self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
+        self.actor_rollout_wg.load_checkpoint(os.path.join(point.path, "actor"))
         if self.use_critic:
-            self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
-        self.train_loader.load_state_dict(state["dataloader"])
-        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
-            self.kl_ctrl.value = state["kl_coef"]
-        self.global_step = state["global_step"]
-        logger.info("resumed from %s at step %d", path, self.global_step)
+            self.critic_wg.load_checkpoint(os.path.join(point.path, "critic"))
+        self.train_loader.load_state_dict(point.state["dataloader"])
+        kl_settings_changed = any(k.startswith("algorithm.kl_ctrl.") for k in point.changed_keys)
+        if self.kl_ctrl is not None and point.state.get("kl_coef") is not None and not kl_settings_changed:
+            self.kl_ctrl.value = point.state["kl_coef"]
+        self.global_step = point.state["global_step"]
+        logger.info("resumed from %s at step %d", point.path, self.global_step)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:

@@ -1,4 +1,8 @@
-"""Validation: generate with val_kwargs, score, and report veRL's val-core / val-aux metrics per data source."""
+"""Validation: generate with val_kwargs, score, and report veRL's val-core / val-aux metrics per data source.
+
+Failed scorings count in the mean as reward.error_score, as in training, and are reported beside it per data source
+(val-aux/<source>/reward/errors, .../timeouts, .../error_rate), so a broken reward never reads as a wrong answer.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from verlx.reward.managers import RewardFailure
 from verlx.trainer.generation_dump import generation_records, write_jsonl
 
 GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -26,6 +31,7 @@ class Validator:
         n = val_kwargs.n
         scores: list[np.ndarray] = []
         sources: list[np.ndarray] = []
+        statuses: list[np.ndarray] = []
         extras: dict[str, list[np.ndarray]] = defaultdict(list)
         records: list[dict] = []
         for batch in loader:
@@ -39,8 +45,13 @@ class Validator:
             out.meta_info.pop("metrics", None)
             batch.pop(batch_keys=list(GEN_INPUTS))
             batch.union(out)
-            result = self.reward_fn(batch)
+            try:
+                result = self.reward_fn(batch)
+            except RewardFailure as e:
+                raise RewardFailure(f"validation: {e}") from None
             seq_scores = result.token_level_scores.sum(-1)
+            batch.non_tensor_batch["reward_status"] = np.asarray(result.extra["reward_status"], dtype=object)
+            statuses.append(batch.non_tensor_batch["reward_status"])
             scores.append(seq_scores.numpy())
             sources.append(np.asarray(batch.non_tensor_batch.get("data_source", ["unknown"] * len(batch)), dtype=object))
             for key, values in result.extra.items():
@@ -51,22 +62,30 @@ class Validator:
         self.runs += 1
         self._show_and_dump(records)
         return summarise(np.concatenate(scores), np.concatenate(sources), n,
-                         {k: np.concatenate(v) for k, v in extras.items()})
+                         {k: np.concatenate(v) for k, v in extras.items()}, np.concatenate(statuses))
 
     def _show_and_dump(self, records: list[dict]) -> None:
         t = self.config.trainer
         for record in records[: t.log_val_generations]:
-            print(f"[validation] {record['prompt']!r} -> {record['response']!r} score={record['score']}")
+            failed = f" ({record['reward_status']})" if record.get("reward_status", "ok") != "ok" else ""
+            print(f"[validation] {record['prompt']!r} -> {record['response']!r} score={record['score']}{failed}")
         if t.validation_data_dir:
             write_jsonl(os.path.join(os.path.expanduser(t.validation_data_dir), f"val_{self.runs}.jsonl"), records)
 
 
-def summarise(scores: np.ndarray, sources: np.ndarray, n: int, extras: dict[str, np.ndarray]) -> dict[str, float]:
-    """Rows come in groups of n (one prompt each). mean@n over all samples; best@n / worst@n over groups."""
+def summarise(scores: np.ndarray, sources: np.ndarray, n: int, extras: dict[str, np.ndarray],
+              statuses: np.ndarray) -> dict[str, float]:
+    """Rows come in groups of n (one prompt each). mean@n over all samples; best@n / worst@n over groups; failed
+    scorings (errors, timeouts: counts of samples; error_rate: both over the samples) with training's names."""
     metrics: dict[str, float] = {}
     series = {"reward": scores, **extras}
     for source in sorted(set(sources.tolist())):
         rows = np.nonzero(sources == source)[0]
+        timeouts = int((statuses[rows] == "timeout").sum())
+        failed = int((statuses[rows] != "ok").sum())
+        metrics[f"val-aux/{source}/reward/errors"] = float(failed - timeouts)
+        metrics[f"val-aux/{source}/reward/timeouts"] = float(timeouts)
+        metrics[f"val-aux/{source}/reward/error_rate"] = failed / len(rows)
         for name, values in series.items():
             v = values[rows]
             metrics[f"val-core/{source}/{name}/mean@{n}" if name == "reward" else

@@ -25,38 +25,68 @@ def did_you_mean(name: str, candidates) -> str:
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
-class Registry(Generic[T]):
-    """A named mapping filled by the `register` decorator."""
+def import_object(path: str, config_key: str | None = None):
+    """The object named by 'package.module:attribute'; an error naming the path (and key) when it cannot load."""
+    module_name, sep, attribute = path.partition(":")
+    where = f"{config_key}={path}" if config_key else path
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"{where}: expected 'package.module:Attribute'")
+    import importlib
 
-    def __init__(self, kind: str, config_key: str | None = None):
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{where}: cannot import {attribute} from {module_name}: {e}") from None
+
+
+class Registry(Generic[T]):
+    """A named mapping filled by the `register` decorator or, without importing anything, by `register_lazy`
+    ('module:Attribute', imported on first use). With `import_paths`, a name of the form 'module:Attribute' that
+    is not registered is imported as a user's own entry."""
+
+    def __init__(self, kind: str, config_key: str | None = None, import_paths: bool = False):
         self.kind = kind
         self.config_key = config_key
+        self.import_paths = import_paths
         self._entries: dict[str, T] = {}
+        self._lazy: dict[str, str] = {}
 
     def register(self, name: str, *, override: bool = False) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
-            if name in self._entries and not override:
+            if name in self and not override:
                 raise ValueError(f"{self.kind} '{name}' is already registered")
+            self._lazy.pop(name, None)
             self._entries[name] = obj
             return obj
 
         return decorator
 
+    def register_lazy(self, name: str, target: str) -> None:
+        """Register 'module:Attribute' under `name`; the module is imported by the first `get(name)`."""
+        if name in self:
+            raise ValueError(f"{self.kind} '{name}' is already registered")
+        self._lazy[name] = target
+
     def get(self, name: str) -> T:
+        if name not in self._entries and name in self._lazy:
+            self._entries[name] = import_object(self._lazy.pop(name), self.config_key)
+        if name not in self._entries and self.import_paths and ":" in str(name):
+            self._entries[name] = import_object(name, self.config_key)
         try:
             return self._entries[name]
         except KeyError:
             where = f" (config key {self.config_key})" if self.config_key else ""
+            user = "; or 'package.module:Class' for your own" if self.import_paths else ""
             raise UnknownNameError(
-                f"unknown {self.kind} '{name}'{where}; registered: {', '.join(sorted(self._entries))}."
-                + did_you_mean(name, self._entries)
+                f"unknown {self.kind} '{name}'{where}; registered: {', '.join(self.names())}{user}."
+                + did_you_mean(name, self.names())
             ) from None
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted({*self._entries, *self._lazy})
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._entries or name in self._lazy
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._entries))
+        return iter(self.names())

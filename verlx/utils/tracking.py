@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 from typing import Any
 
@@ -13,20 +14,24 @@ from verlx.utils.registry import Registry
 
 LOGGERS: Registry[type["MetricLogger"]] = Registry("logger", "trainer.logger")
 
-# What the console shows each step, in order: (metric key, short label, format).
+# What the console shows each step, in order: (metric keys, short label, format). The keys are a regular
+# expression; a column shows the sum of the metrics it matches (failed scorings: errors + timeouts), one column
+# per data source where it has a `source` group.
 CONSOLE_COLUMNS = (
-    ("critic/score/mean", "score", "{:.3f}"),
-    ("val-core/*", "val", "{:.3f}"),
-    ("response_length/mean", "resp_len", "{:.1f}"),
-    ("actor/pg_loss", "pg_loss", "{:+.4f}"),
-    ("actor/entropy", "entropy", "{:.3f}"),
-    ("actor/ppo_kl", "ppo_kl", "{:+.4f}"),
-    ("actor/kl_loss", "kl_loss", "{:.4f}"),
-    ("critic/vf_loss", "vf_loss", "{:.4f}"),
-    ("reward/errors", "rew_err", "{:.0f}"),
-    ("timing_s/gen", "gen_s", "{:.1f}"),
-    ("timing_s/step", "step_s", "{:.1f}"),
+    (r"critic/score/mean", "score", "{:.3f}"),
+    (r"val-core/(?P<source>.+)/reward/mean@\d+", "val", "{:.3f}"),
+    (r"response_length/mean", "resp_len", "{:.1f}"),
+    (r"actor/pg_loss", "pg_loss", "{:+.4f}"),
+    (r"actor/entropy", "entropy", "{:.3f}"),
+    (r"actor/ppo_kl", "ppo_kl", "{:+.4f}"),
+    (r"actor/kl_loss", "kl_loss", "{:.4f}"),
+    (r"critic/vf_loss", "vf_loss", "{:.4f}"),
+    (r"reward/(errors|timeouts)", "rew_fail", "{:.0f}"),
+    (r"val-aux/(?P<source>.+)/reward/(errors|timeouts)", "val_fail", "{:.0f}"),
+    (r"timing_s/gen", "gen_s", "{:.1f}"),
+    (r"timing_s/step", "step_s", "{:.1f}"),
 )
+_CONSOLE_PATTERNS = [(re.compile(pattern), label, fmt) for pattern, label, fmt in CONSOLE_COLUMNS]
 
 
 class MetricLogger:
@@ -49,6 +54,20 @@ class MetricLogger:
         pass
 
 
+def console_columns(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, formatted value) of every CONSOLE_COLUMNS entry that matches some metric, in table order."""
+    columns, keys = [], sorted(metrics)
+    for pattern, label, fmt in _CONSOLE_PATTERNS:
+        sums: dict[str, Any] = {}
+        for key in keys:
+            match = pattern.fullmatch(key)
+            if match:
+                name = f"{label}:{match['source']}" if "source" in pattern.groupindex else label
+                sums[name] = metrics[key] if name not in sums else sums[name] + metrics[key]
+        columns += [(name, _format(value, fmt)) for name, value in sums.items()]
+    return columns
+
+
 def _format(value: Any, fmt: str) -> str:
     try:
         return fmt.format(value)
@@ -66,13 +85,7 @@ class ConsoleLogger(MetricLogger):
         self.header: list[str] = []
 
     def log(self, metrics, step):
-        columns = []
-        for key, label, fmt in CONSOLE_COLUMNS:
-            if key.endswith("*"):
-                matches = sorted(k for k in metrics if k.startswith(key[:-1]) and "/reward/mean@" in k)
-                columns += [(f"{label}:{k.split('/')[1]}", _format(metrics[k], fmt)) for k in matches]
-            elif key in metrics:
-                columns.append((label, _format(metrics[key], fmt)))
+        columns = console_columns(metrics)
         if not columns:
             return
         widths = [max(len(label), len(value), 7) for label, value in columns]

@@ -14,7 +14,7 @@ from verlx.models.ulysses import check_ulysses, sequence_parallel_group
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
 from verlx.models.lora import lora_scaling, merged_weights
-from verlx.rollout.weight_sync import gather_full, iter_buckets, iter_engine_weights
+from verlx.rollout.weight_sync import gather_full, iter_engine_weights
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.distributed import init_distributed
 from verlx.utils.dtypes import torch_dtype
@@ -188,18 +188,15 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ rollout
     def _push_weights(self) -> float:
-        """Stream the actor's full weights into the engine, bucket by bucket; returns seconds taken."""
+        """Stream the actor's full weights into the engine as one push (the engine buckets them and knows when
+        every parameter has arrived); returns seconds taken."""
         start = time.perf_counter()
-        rollout = self.config.actor_rollout_ref.rollout
         dtype = self.engine_ctx.engine_dtype
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         state = ((k.removeprefix("hf_model."), v) for k, v in self.actor.module.state_dict().items())
         if self.lora:  # engines get plain HF weights with the adapters merged in
             state = merged_weights(gather_full(state), lora_scaling(self.actor.module.hf_model))
-        named = iter_engine_weights(state, dtype, tied, device=self.device)
-        bucket_bytes = rollout.update_weights_bucket_megabytes << 20
-        for bucket in iter_buckets(named, bucket_bytes):
-            self.engine.update_weights(bucket)
+        self.engine.update_weights(iter_engine_weights(state, dtype, tied, device=self.device))
         self.engine_weights_stale = False
         return time.perf_counter() - start
 
@@ -231,8 +228,16 @@ class ActorRolloutRefWorker(Worker):
         timing["timing_s/rollout_worker"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
         # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
-        out.meta_info["metrics"] = phase_metrics("gen", self.hf_config, [], timer)
+        out.meta_info["metrics"] = {**phase_metrics("gen", self.hf_config, [], timer), **self._asleep_memory()}
         return out
+
+    def _asleep_memory(self) -> dict[str, float]:
+        """Device memory outside this worker's torch allocator once the engine sleeps: what the sleeping engine
+        keeps (its processes' contexts, CUDA graphs, pools) plus the CUDA/NCCL contexts; training memory excluded."""
+        if self.device.type != "cuda" or not self.engine_asleep:
+            return {}
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"rollout/engine_asleep_gb": (total - free - torch.cuda.memory_reserved(self.device)) / 2**30}
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_batching(self, use_ref: bool):

@@ -1,5 +1,10 @@
 """What every checkpoint backend writes beside its model/optimizer shards: each rank's scheduler and RNG state, and
-(rank 0) the HF config and tokenizer that export needs. One format for FSDP and megatron checkpoints."""
+(rank 0) the HF config and tokenizer that export needs. One format for FSDP and megatron checkpoints.
+
+On resume the optimizer's state (moments, step counts) and the schedule's position come from the checkpoint, while its
+hyper-parameters (lr, betas, weight decay, the schedule's shape) come from this run's config: a changed
+`optim.lr` takes effect (torch's load_state_dict alone would bring back the saved values).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
 
 from verlx.utils.seeding import rng_state, set_rng_state
 
@@ -39,9 +45,37 @@ def load_rank_state(path: str, lr_scheduler) -> None:
     else:
         extra = torch.load(extra_path, weights_only=False)
     if lr_scheduler is not None and extra.get("lr_scheduler") is not None:
-        lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        _resume_schedule(lr_scheduler, extra["lr_scheduler"])
     if "rng" in extra:
         set_rng_state(extra["rng"])
+
+
+def _resume_schedule(lr_scheduler, saved: dict) -> None:
+    """The position in the schedule (steps taken) from the checkpoint; the peak lr from this run's config."""
+    if not isinstance(lr_scheduler, LambdaLR):  # megatron's FactorLRScheduler keeps only its step: lr is the config's
+        lr_scheduler.load_state_dict(saved)
+        return
+    lr_scheduler.load_state_dict({**saved, "base_lrs": list(lr_scheduler.base_lrs)})
+    step = lr_scheduler.last_epoch
+    lrs = [base * factor(step) for base, factor in zip(lr_scheduler.base_lrs, lr_scheduler.lr_lambdas)]
+    for group, lr in zip(lr_scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    lr_scheduler._last_lr = lrs
+
+
+def optimizer_settings(optimizer) -> list[dict] | None:
+    """The hyper-parameters of each parameter group (lr, betas, weight decay, ...) as this run's config built them;
+    taken before a checkpoint is loaded, put back by restore_optimizer_settings after."""
+    if optimizer is None:
+        return None
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def restore_optimizer_settings(optimizer, settings: list[dict] | None) -> None:
+    if optimizer is None or settings is None:
+        return
+    for group, values in zip(optimizer.param_groups, settings):
+        group.update(values)
 
 
 def save_hf_metadata(path: str, hf_config, tokenizer) -> str | None:

@@ -13,7 +13,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from verlx.models.lora import is_lora_model
-from verlx.workers.checkpoint_state import load_rank_state, save_hf_metadata, save_rank_state
+from verlx.workers.checkpoint_state import (
+    load_rank_state,
+    optimizer_settings,
+    restore_optimizer_settings,
+    save_hf_metadata,
+    save_rank_state,
+)
 
 
 class FSDPCheckpointManager:
@@ -37,9 +43,11 @@ class FSDPCheckpointManager:
         dcp_dir = os.path.join(path, "dcp")
         if not os.path.isdir(dcp_dir):
             raise FileNotFoundError(f"checkpoint {path} has no dcp/ directory (model and optimizer shards)")
+        settings = optimizer_settings(self.optimizer)
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=dcp_dir)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=StateDictOptions(strict=True))
+        restore_optimizer_settings(self.optimizer, settings)
         load_rank_state(path, self.lr_scheduler)

@@ -15,7 +15,14 @@ import os
 import torch
 import torch.distributed as dist
 
-from verlx.workers.checkpoint_state import HF_SUBDIR, load_rank_state, save_hf_metadata, save_rank_state
+from verlx.workers.checkpoint_state import (
+    HF_SUBDIR,
+    load_rank_state,
+    optimizer_settings,
+    restore_optimizer_settings,
+    save_hf_metadata,
+    save_rank_state,
+)
 from verlx.workers.megatron.architectures import model_dims
 from verlx.workers.megatron.weight_layout import is_tied_copy, param_specs, split_to_hf, te_name
 
@@ -50,11 +57,13 @@ class MegatronCheckpointManager:
         ckpt = os.path.join(path, DIST_SUBDIR)
         if not os.path.isdir(ckpt):
             raise FileNotFoundError(f"checkpoint {path} has no {DIST_SUBDIR}/ directory (megatron dist-checkpoint)")
+        settings = optimizer_settings(self.optimizer)
         state = dist_checkpointing.load(self._sharded(is_loading=True), ckpt)
         for i, chunk in enumerate(self.chunks):
             chunk.load_state_dict(state[f"model{i}"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+        restore_optimizer_settings(self.optimizer, settings)
         load_rank_state(path, self.lr_scheduler)
 
 

@@ -81,10 +81,10 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         return self.layout.dp
 
     def _push_weights(self) -> float:
-        """Stream HF-named full tensors from the TP/PP shards into the engine, bucket by bucket."""
+        """Stream HF-named full tensors from the TP/PP shards into the engine as one push (the engine buckets)."""
         from megatron.core import parallel_state as mpu
 
-        from verlx.rollout.weight_sync import iter_buckets, iter_engine_weights
+        from verlx.rollout.weight_sync import iter_engine_weights
         from verlx.workers.megatron.export_plan import iter_hf_weights
         from verlx.workers.megatron.model import local_params
 
@@ -94,9 +94,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         named = iter_hf_weights(self.export_plan, self.dims, local_params(self.actor_chunks),
                                 mpu.get_pipeline_model_parallel_rank(), mpu.get_tensor_model_parallel_group(),
                                 mpu.get_pipeline_model_parallel_group(), dtype, self.device)
-        named = iter_engine_weights(named, None, self.dims.tie_word_embeddings)
-        for bucket in iter_buckets(named, rollout.update_weights_bucket_megabytes << 20):
-            self.engine.update_weights(bucket)
+        self.engine.update_weights(iter_engine_weights(named, None, self.dims.tie_word_embeddings))
         self.engine_weights_stale = False
         return time.perf_counter() - start
 
