@@ -66,7 +66,7 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     from verlx.algorithms.kl import KL_CONTROLLERS, KL_PENALTIES
     from verlx.algorithms.policy_losses import POLICY_LOSSES
     from verlx.reward.managers import REWARD_MANAGERS
-    from verlx.rollout.base import ROLLOUT_ENGINES, _import_builtin_engines
+    from verlx.rollout.base import ROLLOUT_ENGINES
 
     a, arr = cfg.algorithm, cfg.actor_rollout_ref
     _registered(f, "algorithm.adv_estimator", a.adv_estimator, ADV_ESTIMATORS)
@@ -77,7 +77,6 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     _registered(f, "reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
     _choice(f, "actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES)
     _choice(f, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
-    _import_builtin_engines()
     if arr.rollout.name != "auto" and ":" not in arr.rollout.name:
         _registered(f, "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES)
     _choice(f, "actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES)

@@ -48,7 +48,7 @@ def default_output_path(data_path: str) -> str:
 def validate(config: GenerationConfig) -> None:
     """Every problem with the config at once, before Ray starts."""
     from verlx.data.rl_dataset import PROMPT_TRUNCATIONS
-    from verlx.rollout.base import ROLLOUT_ENGINES, _import_builtin_engines
+    from verlx.rollout.base import ROLLOUT_ENGINES
     from verlx.utils.registry import did_you_mean
 
     d, r, t = config.data, config.rollout, config.trainer
@@ -86,7 +86,6 @@ def validate(config: GenerationConfig) -> None:
     require(r.tensor_model_parallel_size >= 1 and world % r.tensor_model_parallel_size == 0,
             f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size} must divide the {world} workers "
             "(trainer.nnodes × trainer.n_gpus_per_node)")
-    _import_builtin_engines()
     if r.name != "auto" and r.name not in ROLLOUT_ENGINES:
         problems.append(f"rollout.name={r.name!r} is not a registered engine: {', '.join(ROLLOUT_ENGINES.names())}."
                         + did_you_mean(r.name, ROLLOUT_ENGINES.names()))

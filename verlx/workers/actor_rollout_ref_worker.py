@@ -220,7 +220,13 @@ class ActorRolloutRefWorker(Worker):
                     torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
                 self.engine.wake_up(("kv_cache",))
             gen_start = time.perf_counter()
-            out = self.engine.generate(prompts)
+            try:
+                out = self.engine.generate(prompts)
+            except Exception as e:
+                e.add_note(f"while the {self.engine_name} rollout engine of rank {self.rank} was generating (step "
+                           f"{prompts.meta_info.get('global_step', '?')}); checkpoints on disk are not touched by a "
+                           "failed step")
+                raise
             timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
             if self.config.actor_rollout_ref.rollout.free_cache_engine:
                 self.engine.sleep()
