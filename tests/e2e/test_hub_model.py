@@ -28,7 +28,8 @@ def test_grpo_step_with_a_cached_hub_id(tmp_path, tiny_model_dir, arithmetic_dat
     ], cwd=tmp_path, env=offline_env(tmp_path / "cache"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_no_traceback(result)
-    assert f"actor_rollout_ref.model.path={HUB_ID} is the Hugging Face model in {snapshot}" in result.stdout + result.stderr
+    resolved = f"actor_rollout_ref.model.path={HUB_ID} is the Hugging Face model in {snapshot}"
+    assert resolved in result.stdout + result.stderr
     with open(tmp_path / "out" / "metrics.jsonl") as f:
         (row,) = [json.loads(line) for line in f]
     assert row["step"] == 1 and "actor/pg_loss" in row

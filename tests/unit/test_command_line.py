@@ -18,7 +18,8 @@ from helpers.commands import REPO_DIR, assert_no_traceback, printed_job_config, 
 def test_cfg_job_prints_the_composed_config(flags, tmp_path):
     out = printed_job_config(run_module(flags, cwd=tmp_path))
     assert re.search(r"^data:\n  tokenizer: null\n  train_files: ~/data/gsm8k/train.parquet$", out, re.M)
-    assert re.search(r"^  nnodes: 3$", out, re.M) if "trainer.nnodes=3" in flags else re.search(r"^  nnodes: 1$", out, re.M)
+    nnodes = 3 if "trainer.nnodes=3" in flags else 1
+    assert re.search(rf"^  nnodes: {nnodes}$", out, re.M)
 
 
 @pytest.mark.parametrize("flags", [["--cfg", "job", "-p", "data"], ["-c", "job", "--package", "data"]])
@@ -144,4 +145,5 @@ def test_an_older_verl_command_line_runs_through_the_entry_point(tmp_path):
     out = printed_job_config(result)
     assert re.search(r"^  val_before_train: false$", out, re.M)
     assert re.search(r"^ray_kwargs:\n  ray_init:\n    num_cpus: 4$", out, re.M)
-    assert "WARNING" in result.stderr and "'ray_init.num_cpus=4' is read as 'ray_kwargs.ray_init.num_cpus=4'" in result.stderr
+    assert "WARNING" in result.stderr
+    assert "'ray_init.num_cpus=4' is read as 'ray_kwargs.ray_init.num_cpus=4'" in result.stderr

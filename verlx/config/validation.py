@@ -367,13 +367,13 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
     if crf.path is not None:
         f.require(os.path.isfile(_expand(crf.path)),
                   f"custom_reward_function.path: file {crf.path!r} does not exist")
-    if _uses_critic(cfg) and cfg.critic.model.path is not None:
+    if uses_critic(cfg) and cfg.critic.model.path is not None:
         f.require(os.path.isdir(_expand(cfg.critic.model.path)),
                   f"critic.model.path: directory {cfg.critic.model.path!r} does not exist")
 
 
-def _uses_critic(cfg: PPOConfig) -> bool:
-    """cfg.use_critic, False for an unknown estimator (which check_names reports)."""
+def uses_critic(cfg: PPOConfig) -> bool:
+    """cfg.use_critic, False for an unknown algorithm.adv_estimator (which check_names reports)."""
     try:
         return cfg.use_critic
     except KeyError:

@@ -220,8 +220,8 @@ def run_generation(config: GenerationConfig) -> str:
         RayWorkerGroup,
     )
     from verlx.trainer.main_ppo import resolve_device, start_ray
-    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from verlx.utils.hf_paths import resolve_model_paths
+    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from verlx.workers.tokenizer import load_tokenizer
 
     resolve_model_paths([(f"model.{a}", config.model, a) for a in ("path", "tokenizer_path")])

@@ -10,7 +10,7 @@ import os
 
 from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import validate
+from verlx.config.validation import uses_critic, validate
 from verlx.reward.managers import RewardFailure
 from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
 from verlx.trainer.entrypoint import hydra_command
@@ -46,11 +46,8 @@ def resolve_hub_models(config: PPOConfig) -> None:
     from verlx.utils.hf_paths import resolve_model_paths
 
     sections = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
-    try:
-        if config.use_critic:
-            sections.append(("critic.model", config.critic.model))
-    except KeyError:
-        pass  # an unknown algorithm.adv_estimator, reported by validate()
+    if uses_critic(config):
+        sections.append(("critic.model", config.critic.model))
     resolve_model_paths([(f"{key}.{attribute}", section, attribute) for key, section in sections
                          for attribute in ("path", "tokenizer_path")])
 

@@ -46,7 +46,8 @@ def vocabulary_problem(tokenizer, directory: str, key: str) -> str | None:
 def _what_to_do(key: str, directory: str) -> str:
     copy = f"copy the base model's tokenizer files into {directory}"
     if key.endswith(".path"):  # a model directory: its section also has a tokenizer_path key
-        return f"set {key.removesuffix('path')}tokenizer_path to a directory that has them (e.g. the base model), or {copy}"
+        tokenizer_key = key.removesuffix("path") + "tokenizer_path"
+        return f"set {tokenizer_key} to a directory that has them (e.g. the base model), or {copy}"
     if key.endswith("tokenizer_path"):
         return f"point {key} at a directory that has them"
     return copy
