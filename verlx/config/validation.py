@@ -360,16 +360,24 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
     model = cfg.actor_rollout_ref.model
     model_dir = _expand(model.path)
     if f.require(os.path.isdir(model_dir), f"actor_rollout_ref.model.path: directory {model.path!r} does not exist "
-                 "(verlx loads local HF model directories; download the model first)"):
+                 "(give a local HF model directory, or a hub id such as Qwen/Qwen2.5-0.5B-Instruct)"):
         f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
                   f"actor_rollout_ref.model.path: {model.path!r} has no config.json; is it a HuggingFace model directory?")
     crf = cfg.custom_reward_function
     if crf.path is not None:
         f.require(os.path.isfile(_expand(crf.path)),
                   f"custom_reward_function.path: file {crf.path!r} does not exist")
-    if cfg.use_critic and cfg.critic.model.path is not None:
+    if uses_critic(cfg) and cfg.critic.model.path is not None:
         f.require(os.path.isdir(_expand(cfg.critic.model.path)),
                   f"critic.model.path: directory {cfg.critic.model.path!r} does not exist")
+
+
+def uses_critic(cfg: PPOConfig) -> bool:
+    """cfg.use_critic, False for an unknown algorithm.adv_estimator (which check_names reports)."""
+    try:
+        return cfg.use_critic
+    except KeyError:
+        return False
 
 
 def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = True) -> list[str]:

@@ -10,7 +10,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from verlx.config.loader import build, load_yaml, to_container
+from verlx.config.loader import ConfigError, DataError, build, load_yaml, to_container
 from verlx.config.sft import SFTConfig, validate_sft
 
 
@@ -39,9 +39,11 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
 
     from verlx.trainer.sft_trainer import SFTTrainer
     from verlx.utils.distributed import init_distributed
+    from verlx.utils.hf_paths import resolve_model_paths
 
     _single_process_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    resolve_model_paths([("model.partial_pretrain", cfg.model, "partial_pretrain")])
     validate_sft(cfg, int(os.environ["WORLD_SIZE"]))
     init_distributed()
     try:
@@ -52,7 +54,12 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_sft(load_sft_config(sys.argv[1:] if argv is None else argv))
+    """Config and data errors print their message alone and exit with 2 (on every rank that finds them)."""
+    try:
+        run_sft(load_sft_config(sys.argv[1:] if argv is None else argv))
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
