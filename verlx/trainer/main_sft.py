@@ -33,6 +33,16 @@ def _single_process_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
+def _check_tokenizer_files(cfg: SFTConfig) -> None:
+    """A model directory without a vocabulary is refused before any process group or device is touched."""
+    from verlx.workers.tokenizer import tokenizer_files_problem
+
+    if not cfg.model.trust_remote_code:
+        problem = tokenizer_files_problem(cfg.model.partial_pretrain, "model.partial_pretrain")
+        if problem is not None:
+            raise ConfigError([problem])
+
+
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
     """Train, save, validate; returns the final metrics (the same on every rank)."""
     import torch.distributed as dist
@@ -45,6 +55,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     resolve_model_paths([("model.partial_pretrain", cfg.model, "partial_pretrain")])
     validate_sft(cfg, int(os.environ["WORLD_SIZE"]))
+    _check_tokenizer_files(cfg)
     init_distributed()
     try:
         trainer = SFTTrainer(cfg, dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
