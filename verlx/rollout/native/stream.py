@@ -1,0 +1,150 @@
+"""Requests that arrive while others decode (the agent loop's turns): each joins a free slot at the next round.
+
+A RequestStream shares the engine's model, KV cache, slot state and decode graphs with the batch Scheduler and
+reuses its decode pieces; what differs is that requests come one by one (`submit`), each with its own
+max_new_tokens (enforced on the host: a round never runs past the nearest per-request limit), and `step()` runs
+one round: admit waiting requests into free slots (prefill), decode up to `sync_interval` steps, return the
+requests that finished. A finished request's slot is free for the next one at once.
+
+Not done: reusing a previous turn's KV for the next turn of the same sample (the whole context is prefilled
+again). On the engine's contiguous per-slot cache that needs the slot held while the tools run; see
+docs/multi_turn.md for the measured cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from verlx.rollout.native.graphs import DecodeRunner
+from verlx.rollout.native.kv_cache import KVCache
+from verlx.rollout.native.model import NativeModel
+from verlx.rollout.native.sampling import SamplingPlan
+from verlx.rollout.native.scheduler import GenerationStats, Scheduler, SchedulerConfig
+from verlx.rollout.native.slots import SlotState
+
+
+@dataclass
+class _Request:
+    key: str
+    ids: list[int]
+    limit: int
+    seed: int
+
+
+class RequestStream(Scheduler):
+    def __init__(self, model: NativeModel, cache: KVCache, state: SlotState, runner: DecodeRunner,
+                 cfg: SchedulerConfig, plan: SamplingPlan, vocab_size: int):
+        super().__init__(model, cache, state, runner, cfg)
+        self.plan, self.vocab_size = plan, vocab_size
+        self.stats = GenerationStats()
+        slots = state.slots
+        self.slot_row, self.slot_pos, self.slot_gen = [-1] * slots, [0] * slots, [0] * slots
+        self.waiting: deque[int] = deque()
+        self.requests: dict[int, _Request] = {}
+        self._rows = itertools.count()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(r >= 0 for r in self.slot_row)
+
+    def submit(self, key: str, ids: list[int], max_new_tokens: int, seed: int) -> None:
+        limit = int(max_new_tokens)
+        if not 1 <= limit <= self.state.response_len:
+            raise ValueError(f"request {key}: max_new_tokens={limit} must be in [1, rollout.response_length="
+                             f"{self.state.response_len}]")
+        if not ids or len(ids) + limit > self.cache.plan.max_len:
+            raise ValueError(f"request {key}: {len(ids)} context tokens + max_new_tokens={limit} exceed the engine's "
+                             f"max_model_len {self.cache.plan.max_len}; raise rollout.max_model_len")
+        if max(ids) >= self.vocab_size or min(ids) < 0:
+            raise ValueError(f"request {key}: a token id outside the vocabulary [0, {self.vocab_size})")
+        row = next(self._rows)
+        self.requests[row] = _Request(key, list(ids), limit, int(seed))
+        self.waiting.append(row)
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[str, list[int], list[float]]]:
+        """One round; returns (key, generated ids, log-probs) of the requests that finished in it."""
+        free = [s for s in range(self.state.slots) if self.slot_row[s] < 0]
+        if self.waiting and free:
+            self._admit_requests([self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))], free)
+        elif not self.waiting and len(free) < self.state.slots:
+            self._compact()
+        return self._round()
+
+    def _admit_requests(self, rows: list[int], free: list[int]) -> None:
+        start = time.perf_counter()
+        rows = sorted(rows, key=lambda r: len(self.requests[r].ids))
+        chunk: list[int] = []
+        slots = iter(free)
+        for row in rows:  # ascending length: the newest request sets the chunk's padded length
+            if chunk and (len(chunk) + 1) * len(self.requests[row].ids) > self.cfg.max_num_batched_tokens:
+                self._prefill_rows(chunk, [next(slots) for _ in chunk])
+                chunk = []
+            chunk.append(row)
+        if chunk:
+            self._prefill_rows(chunk, [next(slots) for _ in chunk])
+        self._sync()
+        self.stats.prefill_s += time.perf_counter() - start
+
+    def _prefill_rows(self, rows: list[int], slots: list[int]) -> None:
+        lens = [len(self.requests[r].ids) for r in rows]
+        length, dev = max(lens), self.device
+        tokens = torch.zeros(len(rows), length, dtype=torch.long)
+        for j, r in enumerate(rows):
+            tokens[j, : lens[j]] = torch.tensor(self.requests[r].ids)
+        tokens = tokens.to(dev)
+        slot_t = torch.tensor(slots, device=dev)
+        owner = torch.arange(len(rows), device=dev)
+        hidden = self.model.forward_prompt(tokens, self.cache, slot_t, owner)
+        last = hidden[owner, torch.tensor(lens, device=dev) - 1]
+        seeds = torch.tensor([self.requests[r].seed for r in rows], dtype=torch.long, device=dev)
+        lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
+        self.state.start(slot_t, seeds, lens_t, self.model.logits(last), self.plan)
+        for row, slot, n in zip(rows, slots, lens):
+            self.slot_row[slot], self.slot_pos[slot], self.slot_gen[slot] = row, n, 1
+        self.stats.prompt_tokens += sum(lens)
+
+    def _round(self) -> list[tuple[str, list[int], list[float]]]:
+        occupied = [s for s, r in enumerate(self.slot_row) if r >= 0]
+        if not occupied:
+            return []
+        start = time.perf_counter()
+        batch = self._bucket(occupied[-1] + 1)
+        remaining = min(self.requests[self.slot_row[s]].limit - self.slot_gen[s] for s in occupied)
+        steps = min(self.cfg.sync_interval, remaining) if self.plan.can_stop_early else remaining
+        if steps > 0:
+            self._run_steps(occupied, batch, steps)
+            self.stats.decode_steps += steps
+            self.stats.batch_sizes.append(batch)
+        done, gen_len = self.state.read_progress(batch)
+        self.stats.rounds += 1
+        finished = []
+        for s in occupied:
+            request = self.requests[self.slot_row[s]]
+            self.slot_gen[s] = gen_len[s]
+            self.slot_pos[s] = len(request.ids) + gen_len[s] - 1
+            if done[s] or gen_len[s] >= request.limit:
+                finished.append(s)
+        out = self._take(finished, gen_len) if finished else []
+        self.stats.decode_s += time.perf_counter() - start
+        return out
+
+    def _take(self, slots: list[int], gen_len: list[int]) -> list[tuple[str, list[int], list[float]]]:
+        slot_t = torch.tensor(slots, device=self.device)
+        width = max(min(gen_len[s], self.requests[self.slot_row[s]].limit) for s in slots)
+        tokens = self.state.out_tokens.index_select(0, slot_t)[:, :width].cpu().tolist()
+        logprobs = self.state.out_logprobs.index_select(0, slot_t)[:, :width].cpu().tolist()
+        out = []
+        for j, s in enumerate(slots):
+            request = self.requests.pop(self.slot_row[s])
+            n = min(gen_len[s], request.limit)
+            out.append((request.key, tokens[j][:n], logprobs[j][:n]))
+            self.stats.generated_tokens += n
+            self.slot_row[s] = -1
+        self.state.release(slot_t)
+        return out
