@@ -42,6 +42,7 @@ class ChatCodec:
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.template_kwargs = dict(template_kwargs or {})
+        self.stop_ids = frozenset(int(t) for t in stop_token_ids)
         self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(list(stop_token_ids)) if t]
         self._base_end: str | None = None
 
@@ -105,7 +106,9 @@ class ChatCodec:
                 pos += len(ids)
                 continue
             found = _find(reference, ids, pos)
-            if found < 0:
+            # a delta starts right after the end-of-turn token the model generated
+            ends_turn = model_ids and model_ids[-1] in self.stop_ids
+            if found < 0 or (ends_turn and (found == 0 or reference[found - 1] != model_ids[-1])):
                 return CheckResult(True, False, _diff(f"segment {i} (after a model turn)", reference[pos:], ids))
             rewrite |= not _equal(reference[pos:found], model_ids)
             pos, model_ids = found + len(ids), None

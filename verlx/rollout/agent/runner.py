@@ -37,14 +37,16 @@ class TemplateMismatchError(RuntimeError):
 
 class AgentLoopRunner:
     def __init__(self, rollout_config, tokenizer, stop_token_ids: list[int], pad_token_id: int,
-                 template_kwargs: dict | None = None):
+                 template_kwargs: dict | None = None, tools: dict | None = None):
         self.config = rollout_config
         self.mt = rollout_config.multi_turn
         self.tokenizer = tokenizer
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = int(pad_token_id)
         self.template_kwargs = dict(template_kwargs or {})
-        self.tools = load_tools(self.mt.tool_config_path) if self.mt.tool_config_path else {}
+        if tools is None:
+            tools = load_tools(self.mt.tool_config_path) if self.mt.tool_config_path else {}
+        self.tools = tools
         self.parser = TOOL_PARSERS.get(self.mt.format)
         self.schemas = [t.schema for t in self.tools.values()]
 
@@ -97,6 +99,9 @@ class AgentLoopRunner:
                 raise ValueError(f"agent loop {name!r} renders the conversation itself and needs the prompt "
                                  "messages: set data.return_raw_chat=true")
             prompt_ids = loop.env.codec.prompt_ids(messages)
+            if len(prompt_ids) > self.config.prompt_length:
+                raise ValueError(f"sample {index}: the prompt rendered with the tools' schemas has {len(prompt_ids)} "
+                                 f"tokens, more than data.max_prompt_length={self.config.prompt_length}; raise it")
         else:
             prompt_ids = _row_ids(prompts, i)
         traj = Trajectory(prompt_ids, int(self.config.response_length), messages=list(messages or []))
@@ -138,11 +143,6 @@ class AgentLoopRunner:
     # ------------------------------------------------------------------ the batch
     def build_batch(self, prompts: DataProto, trajectories: list[Trajectory], n: int) -> DataProto:
         prompt_width, width = int(self.config.prompt_length), int(self.config.response_length)
-        too_long = [k for k, t in enumerate(trajectories) if len(t.prompt_ids) > prompt_width]
-        if too_long:
-            t = trajectories[too_long[0]]
-            raise ValueError(f"sample {too_long[0]}: the prompt rendered with the tools' schemas has "
-                             f"{len(t.prompt_ids)} tokens, more than data.max_prompt_length={prompt_width}; raise it")
         prompt_ids, prompt_mask = _pack([t.prompt_ids for t in trajectories], prompt_width, self.pad_token_id,
                                         left=True)
         parts = [t.response() for t in trajectories]
