@@ -15,6 +15,7 @@ text the model spelled with other tokens) are *rewrites*: counted, and the sampl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ class ChatCodec:
         self.stop_ids = frozenset(int(t) for t in stop_token_ids)
         self.stop_texts = [t for t in tokenizer.convert_ids_to_tokens(list(stop_token_ids)) if t]
         self._base_end: str | None = None
+        self._gen_extra: list[int] | None = None
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, add_generation_prompt=add_generation_prompt,
@@ -89,21 +91,38 @@ class ChatCodec:
         return self.encode(full[len(prefix):])
 
     # ------------------------------------------------------------------ the once-per-sample check
+    def generation_prompt_extra(self) -> list[int]:
+        """Tokens the generation prompt adds after the assistant header that a rendered assistant turn need not
+        repeat (Qwen3's empty think block with enable_thinking=false): they belong to the model's turn."""
+        if self._gen_extra is None:
+            user = [{"role": "user", "content": BASE_USER}]
+            without = self.render(user, add_generation_prompt=False)
+            prompt = self.render(user, add_generation_prompt=True)[len(without):]
+            turn = self.render(user + [{"role": "assistant", "content": BASE_ASSISTANT}], False)[len(without):]
+            header = os.path.commonprefix([prompt, turn])
+            self._gen_extra = self.encode(prompt[len(header):]) if len(header) < len(prompt) else []
+        return self._gen_extra
+
     def check_trajectory(self, messages: list[dict], segments: list[tuple[list[int], bool]]) -> CheckResult:
         """Align the full re-tokenisation of `messages` with the trajectory's segments (ids, is_model)."""
         try:
             reference = np.asarray(self.encode(self.render(messages, add_generation_prompt=False)), dtype=np.int64)
         except Exception as e:  # a template that cannot render the final conversation
             return CheckResult(True, False, f"the template failed to render the final conversation: {e}")
+        extra = self.generation_prompt_extra()
         pos, rewrite, model_ids = 0, False, None
         for i, (ids, is_model) in enumerate(segments):
             if is_model:
                 model_ids = (model_ids or []) + list(ids)
                 continue
+            carry: list[int] = []
+            if extra and len(ids) > len(extra) and list(ids[-len(extra):]) == extra:
+                ids, carry = list(ids[: -len(extra)]), list(extra)
             if model_ids is None:  # the prompt: must start the reference
                 if not _equal(reference[pos : pos + len(ids)], ids):
                     return CheckResult(True, False, _diff("prompt", reference[pos:], ids))
                 pos += len(ids)
+                model_ids = carry or None
                 continue
             found = _find(reference, ids, pos)
             # a delta starts right after the end-of-turn token the model generated
@@ -111,7 +130,7 @@ class ChatCodec:
             if found < 0 or (ends_turn and (found == 0 or reference[found - 1] != model_ids[-1])):
                 return CheckResult(True, False, _diff(f"segment {i} (after a model turn)", reference[pos:], ids))
             rewrite |= not _equal(reference[pos:found], model_ids)
-            pos, model_ids = found + len(ids), None
+            pos, model_ids = found + len(ids), carry or None
         if model_ids is not None:  # the last model turn; the template may add its end-of-turn and a newline
             tail = reference[pos:]
             rewrite |= not _equal(tail[: len(model_ids)], model_ids)
