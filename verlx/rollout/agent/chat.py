@@ -156,7 +156,7 @@ def _find(haystack: np.ndarray, needle: list[int], start: int) -> int:
 
 
 def _diff(what: str, reference: Any, ids: list[int]) -> str:
-    ref = list(reference[: len(ids) + 4])
+    ref = [int(x) for x in reference[: len(ids) + 4]]
     k = next((j for j, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
     return (f"{what}: the template re-tokenisation differs at token {k} (trajectory {ids[max(0, k - 3):k + 5]}, "
             f"re-tokenisation {ref[max(0, k - 3):k + 5]})")
