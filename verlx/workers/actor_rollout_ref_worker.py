@@ -220,7 +220,10 @@ class ActorRolloutRefWorker(Worker):
                     torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
                 self.engine.wake_up(("kv_cache",))
             gen_start = time.perf_counter()
-            out = self.engine.generate(prompts)
+            if self.config.actor_rollout_ref.rollout.multi_turn.enable:
+                out = self._agent_runner().generate(self.engine, prompts)
+            else:
+                out = self.engine.generate(prompts)
             timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
             if self.config.actor_rollout_ref.rollout.free_cache_engine:
                 self.engine.sleep()
@@ -230,6 +233,16 @@ class ActorRolloutRefWorker(Worker):
         # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
         out.meta_info["metrics"] = {**phase_metrics("gen", self.hf_config, [], timer), **self._asleep_memory()}
         return out
+
+    def _agent_runner(self):
+        """Multi-turn rollouts: the agent-loop runner (tools loaded once per worker); docs/multi_turn.md."""
+        if getattr(self, "agent_runner", None) is None:
+            from verlx.rollout.agent.runner import AgentLoopRunner
+
+            self.agent_runner = AgentLoopRunner(
+                self.config.actor_rollout_ref.rollout, self.tokenizer, self.engine_ctx.eos_token_ids,
+                self.engine_ctx.pad_token_id, self.config.data.apply_chat_template_kwargs)
+        return self.agent_runner
 
     def _asleep_memory(self) -> dict[str, float]:
         """Device memory outside this worker's torch allocator once the engine sleeps: what the sleeping engine

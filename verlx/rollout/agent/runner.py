@@ -24,7 +24,7 @@ from verlx.rollout.agent.loops import AGENT_LOOPS, AgentEnv, AgentLoop, AgentSam
 from verlx.rollout.agent.parsers import TOOL_PARSERS
 from verlx.rollout.agent.tool_config import load_tools
 from verlx.rollout.agent.trajectory import Trajectory
-from verlx.rollout.base import resolve_sampling
+from verlx.rollout.base import resolve_engine_name, resolve_sampling
 
 logger = logging.getLogger(__name__)
 SAMPLE_COLUMNS = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_malformed", "tool_truncated",
@@ -51,9 +51,11 @@ class AgentLoopRunner:
         self.schemas = [t.schema for t in self.tools.values()]
 
     # ------------------------------------------------------------------ entry points
-    def generate(self, engine, engine_name: str, prompts: DataProto) -> DataProto:
+    def generate(self, engine, prompts: DataProto) -> DataProto:
+        """Generate `prompts` (left-padded, with the agent columns) through the engine of rollout.name."""
         params = resolve_sampling(self.config, prompts.meta_info, self.stop_token_ids)
-        backend = backend_for(engine_name)(engine, params, bool(self.config.calculate_log_probs))
+        backend_cls = backend_for(resolve_engine_name(self.config.name))
+        backend = backend_cls(engine, params, bool(self.config.calculate_log_probs))
         return self.generate_with(backend, prompts, params.n)
 
     def generate_with(self, backend: GenerationBackend, prompts: DataProto, n: int) -> DataProto:
