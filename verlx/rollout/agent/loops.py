@@ -54,13 +54,15 @@ class AgentSample:
         if not self.trajectory.stop_reason:
             self.trajectory.stop_reason = reason
 
-    async def generate(self) -> ModelTurn | None:
-        """The next model turn, appended to the trajectory; None (and stop 'length') when no budget is left."""
+    async def generate(self, max_new_tokens: int | None = None) -> ModelTurn | None:
+        """The next model turn (at most max_new_tokens, and never past the response budget), appended to the
+        trajectory; None (and stop 'length') when no budget is left."""
         traj = self.trajectory
         if traj.remaining <= 0:
             self.stop("length")
             return None
-        out = await self._generate(traj.context_ids, traj.remaining, traj.assistant_turns)
+        limit = traj.remaining if max_new_tokens is None else min(traj.remaining, int(max_new_tokens))
+        out = await self._generate(traj.context_ids, limit, traj.assistant_turns)
         traj.add_model(out.ids, out.log_probs)
         stopped = bool(out.ids) and out.ids[-1] in self.env.stop_token_ids
         text = self.env.codec.decode(out.ids[:-1] if stopped else out.ids)
