@@ -118,3 +118,49 @@ def test_native_backend_serves_concurrent_coroutines(engine):
         assert out.ids == want[str(k)] and len(out.ids) <= NEW - k
         assert out.finish_reason == ("stop" if out.ids[-1] == EOS else "length")
         assert len(out.log_probs) == len(out.ids)
+
+
+def test_extend_prefill_matches_a_full_prefill(engine):
+    ids = token_lists(ragged_prompts(1, 14, seed=6))[0]
+    cache, model = engine.cache, engine.model
+    with torch.no_grad():
+        full = model.forward_prompt(torch.tensor([ids]), cache, torch.tensor([0]), torch.tensor([0]))[0, -1:]
+        model.forward_prompt(torch.tensor([ids[:9]]), cache, torch.tensor([1]), torch.tensor([0]))
+        extended = model.forward_extend(torch.tensor(ids[9:]), cache, 1, 9)
+        torch.testing.assert_close(model.logits(extended), model.logits(full), atol=1e-5, rtol=0)
+        torch.testing.assert_close(cache.data[:, :, 1, :, : len(ids)], cache.data[:, :, 0, :, : len(ids)],
+                                   atol=1e-5, rtol=0)
+
+
+def test_a_later_turn_reuses_the_parked_kv_and_gets_the_same_tokens(engine):
+    params = resolve_sampling(engine.config, {"temperature": 1.0}, [EOS])
+
+    def conversation(reuse: bool):
+        stream, _ = engine.open_stream(params)
+        ids = token_lists(ragged_prompts(6, 10, seed=8))
+        out, tools = {}, []  # tools: [rounds left, follow-up request] (a tool call taking a few rounds)
+        for k in range(6):  # 6 conversations on 4 slots: parked slots must be given up for waiting ones
+            stream.submit(f"{k}/0", ids[k], 4 + 2 * k, 100 + k)
+        while stream.busy or tools:
+            for entry in tools:
+                entry[0] -= 1
+            for _, request in [t for t in tools if t[0] <= 0]:
+                stream.submit(*request)
+            tools = [t for t in tools if t[0] > 0]
+            for key, tokens, lps in stream.step():  # others decode while a conversation waits for its tool
+                out[key] = (tokens, lps)
+                k, turn = (int(x) for x in key.split("/"))
+                if turn == 0:
+                    follow_up = (f"{k}/1", ids[k] + tokens + [5, 6, 7, 8, 9], 6, 200 + k, key if reuse else None)
+                    tools.append([2, follow_up])
+        return out, stream
+
+    plain, plain_stream = conversation(reuse=False)
+    reused, stream = conversation(reuse=True)
+    assert sorted(reused) == sorted(plain) and len(plain) == 12
+    for key in plain:
+        assert reused[key][0] == plain[key][0]
+        assert reused[key][1] == pytest.approx(plain[key][1], abs=1e-5)
+    assert plain_stream.reused_tokens == 0
+    assert stream.reused_tokens > 0  # some second turns prefilled only their 5 new tokens
+    assert stream.stats.prompt_tokens < plain_stream.stats.prompt_tokens

@@ -18,15 +18,19 @@ def _finish(ids: list[int], stop_ids: set[int]) -> str:
 
 
 class NativeBackend(SteppedBackend):
-    """The native engine's RequestStream: requests join the running batch at the next decode round."""
+    """The native engine's RequestStream: requests join the running batch at the next decode round; a sample's
+    next turn reuses its previous turn's KV (prefill of the tool results only) while that slot is parked."""
 
     def __init__(self, engine, params, want_log_probs):
         super().__init__(engine, params, want_log_probs)
         self.stream, self.base_seed = engine.open_stream(params)
         self.stop_ids = set(params.stop_token_ids)
+        self._last: dict[int, str] = {}  # sample -> its previous request (whose KV the next turn reuses)
 
     def _submit(self, request_id, ids, max_new_tokens, key):
-        self.stream.submit(request_id, ids, max_new_tokens, row_seed(self.base_seed, *key))
+        reuse = self._last.get(key[0])
+        self._last[key[0]] = request_id
+        self.stream.submit(request_id, ids, max_new_tokens, row_seed(self.base_seed, *key), reuse=reuse)
 
     def _step(self):
         return [(key, GenOutput(ids, lps if self.want_log_probs else None, _finish(ids, self.stop_ids)))

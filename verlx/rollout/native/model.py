@@ -116,6 +116,33 @@ class NativeModel:
             h = self._finish_layer(h, attn, lw, TorchDecodeOps)
         return h.view(b, length, -1)
 
+    def forward_extend(self, tokens: torch.Tensor, cache: KVCache, slot: int, start: int) -> torch.Tensor:
+        """Tokens [m] at positions start..start+m-1 of a slot whose positions 0..start-1 already hold this
+        sequence's keys and values (a later turn of a conversation): writes their K/V, returns the hidden state of
+        the last one [1, hidden]. Causal attention over the cached prefix and the new tokens."""
+        s = self.spec
+        m, total = tokens.shape[0], start + tokens.shape[0]
+        h = F.embedding(tokens, self.weights.params["embed"])
+        cos, sin = self.cos[start:total][:, None, :], self.sin_signed[start:total][:, None, :]
+        qpos, kpos = self.key_positions[start:total, None], self.key_positions[None, :total]
+        causal = kpos <= qpos
+        for i in range(s.num_layers):
+            lw = self.weights.layer(i)
+            q, k, v = self._project_qkv(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw, cos, sin)
+            keys, values = cache.layer(i)
+            keys[slot, :, start:total] = k.transpose(0, 1)
+            values[slot, :, start:total] = v.transpose(0, 1)
+            window = s.sliding_windows[i]
+            mask = causal if window is None else causal & (qpos - kpos < window)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                keys[slot, :, :total].repeat_interleave(s.group_size, dim=0)[None],
+                values[slot, :, :total].repeat_interleave(s.group_size, dim=0)[None],
+                attn_mask=mask,
+            )
+            h = self._finish_layer(h, attn[0].transpose(0, 1).reshape(m, -1), lw, TorchDecodeOps)
+        return h[-1:]
+
     def score(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits of every position of unpadded sequences [b, L] -> [b, L, vocab] (tests and debugging)."""
         return self.logits(self.forward_prompt(tokens))

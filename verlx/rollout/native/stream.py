@@ -4,11 +4,14 @@ A RequestStream shares the engine's model, KV cache, slot state and decode graph
 reuses its decode pieces; what differs is that requests come one by one (`submit`), each with its own
 max_new_tokens (enforced on the host: a round never runs past the nearest per-request limit), and `step()` runs
 one round: admit waiting requests into free slots (prefill), decode up to `sync_interval` steps, return the
-requests that finished. A finished request's slot is free for the next one at once.
+requests that finished.
 
-Not done: reusing a previous turn's KV for the next turn of the same sample (the whole context is prefilled
-again). On the engine's contiguous per-slot cache that needs the slot held while the tools run; see
-docs/multi_turn.md for the measured cost.
+The KV of a conversation's previous turn is reused: a finished request's slot is *parked* (its keys and values
+kept) and a request that names it (`reuse=`) and extends its tokens is admitted into that slot with a prefill
+of the new tokens only (the tool results and the next generation prompt). Parked slots are given up, oldest
+first, when a waiting request needs a slot, or when compaction needs their place; the request that would have
+reused one is then prefilled in full. Parked slots are outside the decode batch or marked done, and a done
+slot's decode step only rewrites its own last token's K/V, so a parked prefix is never overwritten.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class _Request:
     ids: list[int]
     limit: int
     seed: int
+    reuse: str | None = None
 
 
 class RequestStream(Scheduler):
@@ -47,12 +51,15 @@ class RequestStream(Scheduler):
         self.waiting: deque[int] = deque()
         self.requests: dict[int, _Request] = {}
         self._rows = itertools.count()
+        self.parked: dict[str, tuple[int, list[int]]] = {}  # finished request key -> (slot, ids with cached K/V)
+        self.reused_tokens = 0
 
     @property
     def busy(self) -> bool:
         return bool(self.waiting) or any(r >= 0 for r in self.slot_row)
 
-    def submit(self, key: str, ids: list[int], max_new_tokens: int, seed: int) -> None:
+    def submit(self, key: str, ids: list[int], max_new_tokens: int, seed: int, reuse: str | None = None) -> None:
+        """Queue a request; `reuse`: the key of an earlier request whose prompt and output `ids` extend."""
         limit = int(max_new_tokens)
         if not 1 <= limit <= self.state.response_len:
             raise ValueError(f"request {key}: max_new_tokens={limit} must be in [1, rollout.response_length="
@@ -63,18 +70,60 @@ class RequestStream(Scheduler):
         if max(ids) >= self.vocab_size or min(ids) < 0:
             raise ValueError(f"request {key}: a token id outside the vocabulary [0, {self.vocab_size})")
         row = next(self._rows)
-        self.requests[row] = _Request(key, list(ids), limit, int(seed))
+        self.requests[row] = _Request(key, list(ids), limit, int(seed), reuse)
         self.waiting.append(row)
 
     @torch.no_grad()
     def step(self) -> list[tuple[str, list[int], list[float]]]:
         """One round; returns (key, generated ids, log-probs) of the requests that finished in it."""
-        free = [s for s in range(self.state.slots) if self.slot_row[s] < 0]
+        if self.waiting:
+            self._admit_continuations()
+        free = self._free_slots()
+        while self.waiting and len(free) < len(self.waiting) and self.parked:
+            self._evict(next(iter(self.parked)))
+            free = self._free_slots()
         if self.waiting and free:
             self._admit_requests([self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))], free)
-        elif not self.waiting and len(free) < self.state.slots:
+        elif not self.waiting and any(r >= 0 for r in self.slot_row):
             self._compact()
         return self._round()
+
+    # ------------------------------------------------------------------ parked slots (KV reuse across turns)
+    def _free_slots(self) -> list[int]:
+        parked = {slot for slot, _ in self.parked.values()}
+        return [s for s in range(self.state.slots) if self.slot_row[s] < 0 and s not in parked]
+
+    def _evict(self, key: str) -> None:
+        slot, _ = self.parked.pop(key)
+        self.state.release(torch.tensor([slot], device=self.device))
+
+    def _admit_continuations(self) -> None:
+        """Waiting requests whose previous turn is parked with a prefix of their ids: prefill the new tokens only."""
+        start = time.perf_counter()
+        for row in [r for r in self.waiting if self.requests[r].reuse in self.parked]:
+            request = self.requests[row]
+            slot, cached = self.parked.pop(request.reuse)
+            if len(request.ids) <= len(cached) or request.ids[: len(cached)] != cached:
+                self.state.release(torch.tensor([slot], device=self.device))
+                continue
+            self.waiting.remove(row)
+            new = torch.tensor(request.ids[len(cached):], device=self.device)
+            hidden = self.model.forward_extend(new, self.cache, slot, len(cached))
+            slot_t = torch.tensor([slot], device=self.device)
+            self.state.start(slot_t, torch.tensor([request.seed], device=self.device),
+                             torch.tensor([len(request.ids)], device=self.device), self.model.logits(hidden),
+                             self.plan)
+            self.slot_row[slot], self.slot_pos[slot], self.slot_gen[slot] = row, len(request.ids), 1
+            self.stats.prompt_tokens += len(new)
+            self.reused_tokens += len(cached)
+        self.stats.prefill_s += time.perf_counter() - start
+
+    def _compact(self) -> None:
+        """Parked slots among the holes compaction fills are given up first."""
+        count = sum(r >= 0 for r in self.slot_row)
+        for key in [k for k, (slot, _) in self.parked.items() if slot < count]:
+            self._evict(key)
+        super()._compact()
 
     def _admit_requests(self, rows: list[int], free: list[int]) -> None:
         start = time.perf_counter()
@@ -146,5 +195,7 @@ class RequestStream(Scheduler):
             out.append((request.key, tokens[j][:n], logprobs[j][:n]))
             self.stats.generated_tokens += n
             self.slot_row[s] = -1
-        self.state.release(slot_t)
+            # K/V exist for the prompt and every generated token but the last (never fed back)
+            self.parked[request.key] = (s, request.ids + tokens[j][: n - 1])
+        self.state.done.index_fill_(0, slot_t, True)  # parked: decode steps leave it alone
         return out
