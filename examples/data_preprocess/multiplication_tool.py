@@ -3,11 +3,11 @@
     python examples/data_preprocess/multiplication_tool.py --local_save_dir ~/data/multiplication_tool
 
 Every row runs the `tool_agent` loop (column agent_name); the calculator needs no per-sample arguments (no
-extra_info.tools_kwargs). Answers are scored like GSM8K (data_source "arithmetic": the number after "#### "). For the SFT
-warm start, extra_info.answer holds a target: for a --tool_fraction of the training rows the whole tool-using
-trajectory (a hermes <tool_call> to the calculator, the tool's reply as the chat template renders it, the final
-answer), for the others a bare answer — so the warm-started policy calls the tool only sometimes and RL has
-something to learn. The test split never enters training.
+extra_info.tools_kwargs). Answers are scored like GSM8K (data_source "arithmetic": the number after "#### ").
+For the SFT warm start, extra_info.answer holds a target: for a --tool_fraction of the training rows the whole
+tool-using trajectory (a hermes <tool_call> to the calculator, the tool's reply as the chat template renders it,
+the final answer), for the others a bare answer — so the warm-started policy calls the tool only sometimes and RL
+has something to learn. The test split never enters training.
 """
 
 from __future__ import annotations

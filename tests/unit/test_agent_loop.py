@@ -4,13 +4,11 @@ mid-turn, a tool response over the budget and max turns."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
 
 import pytest
-import torch
 
 from helpers.chat_templates import build_chat_tokenizer
 from helpers.scripted_policy import ScriptedBackend, prompt_batch, rollout_config, scripted_logprob

@@ -49,8 +49,8 @@ class ChatCodec:
         self._gen_extra: list[int] | None = None
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, add_generation_prompt=add_generation_prompt,
-                                                  tokenize=False, **self.template_kwargs)
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt, **self.template_kwargs)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -181,8 +181,8 @@ def check_arguments(schema: dict, arguments: Any) -> str | None:
         return f"unknown argument(s) {unknown}; expected {sorted(props)}"
     for key, value in arguments.items():
         expected = props[key]["type"]
-        ok = isinstance(value, JSON_TYPES[expected]) and not (expected in ("integer", "number") and isinstance(value, bool))
-        if not ok:
+        is_bool_as_number = expected in ("integer", "number") and isinstance(value, bool)
+        if not isinstance(value, JSON_TYPES[expected]) or is_bool_as_number:
             return f"argument {key!r} must be {expected}, got {type(value).__name__}"
         if "enum" in props[key] and value not in props[key]["enum"]:
             return f"argument {key!r} must be one of {props[key]['enum']}"
