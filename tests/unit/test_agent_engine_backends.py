@@ -14,10 +14,11 @@ from engine_fakes.fake_vllm import RequestOutputKind, install_fake_vllm
 from helpers.chat_templates import build_chat_tokenizer
 from helpers.scripted_policy import prompt_batch
 from verlx.config.roles import MultiTurnConfig
-from verlx.rollout.agent.backends import backend_for
+from verlx.rollout.agent.backends import GenOutput, SteppedBackend, backend_for
 from verlx.rollout.agent.builtin_tools import calculator
 from verlx.rollout.agent.runner import AgentLoopRunner
 from verlx.rollout.agent.tools import FunctionTool, schema_from_function
+from verlx.rollout.base import SamplingParams
 
 TOOLS = {"calculator": FunctionTool(calculator, schema_from_function(calculator))}
 TOK = build_chat_tokenizer("qwen25")
@@ -127,3 +128,38 @@ def test_vllm_requests_join_as_samples_return_from_tools(tmp_path, undo, monkeyp
 def test_hf_engine_is_refused_with_the_supported_names():
     with pytest.raises(ValueError, match=r"rollout.name=hf cannot \(supported: native, sglang, vllm\)"):
         backend_for("hf")
+
+
+class FlakyEngine(SteppedBackend):
+    """A stepped engine double: answers ANSWER at once; refuses sample 1's request; can fail at a given step."""
+
+    def __init__(self, fail_at_step=None):
+        super().__init__(None, SamplingParams(), want_log_probs=False)
+        self.fail_at_step, self.steps, self.live = fail_at_step, 0, []
+
+    def _submit(self, request_id, ids, max_new_tokens, key):
+        if key[0] == 1:
+            raise ValueError("request refused")
+        self.live.append(request_id)
+
+    def _step(self):
+        self.steps += 1
+        if self.steps == self.fail_at_step:
+            raise RuntimeError("device lost")
+        done, self.live = self.live, []
+        return [(r, GenOutput(enc(ANSWER), None, "stop")) for r in done]
+
+    def _busy(self):
+        return bool(self.live)
+
+
+def test_a_refused_request_loses_its_sample_and_an_engine_failure_fails_the_batch(tmp_path):
+    ctx_config = make_ctx(str(tmp_path / "model"), prompt_length=2048, response_length=64).config
+    ctx_config.multi_turn = MultiTurnConfig(enable=True, default_agent="single_turn")
+    runner = AgentLoopRunner(ctx_config, TOK, [EOS], PAD, tools=TOOLS)
+    question = [{"role": "user", "content": "What is 12*34?"}]
+    batch = runner.generate_with(FlakyEngine(), prompt_batch(TOK, [question] * 3, width=2048), n=1)
+    assert list(batch.non_tensor_batch["multi_turn_stop_reason"]) == ["answered", "error", "answered"]
+    assert batch.batch["response_mask"][1].sum() == 0
+    with pytest.raises(RuntimeError, match="rollout engine failed .*device lost"):
+        runner.generate_with(FlakyEngine(fail_at_step=1), prompt_batch(TOK, [question] * 3, width=2048), n=1)

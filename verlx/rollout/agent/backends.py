@@ -66,8 +66,11 @@ class SteppedBackend(GenerationBackend):
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self.error: BaseException | None = None
 
     async def generate(self, ids, max_new_tokens, key) -> GenOutput:
+        if self.error is not None:
+            raise RuntimeError(f"the engine failed earlier in this batch: {self.error}") from self.error
         request_id = str(next(self._ids))
         future = asyncio.get_running_loop().create_future()
         self._futures[request_id] = future
@@ -97,16 +100,19 @@ class SteppedBackend(GenerationBackend):
                     continue
                 queued, self._queue = self._queue, []
                 for request_id, ids, max_new, key in queued:
-                    self._submit(request_id, ids, max_new, key)
+                    try:
+                        self._submit(request_id, ids, max_new, key)
+                    except ValueError as e:  # this request is refused; the others go on
+                        self._futures.pop(request_id).set_exception(e)
                 for request_id, output in self._step():
                     self._futures.pop(request_id).set_result(output)
                 await asyncio.sleep(0)
-        except Exception as e:  # the engine failed: every waiting sample gets the error
+        except Exception as e:  # the engine failed: every waiting and later sample gets the error
+            self.error = e
             for future in self._futures.values():
                 if not future.done():
                     future.set_exception(e)
             self._futures.clear()
-            raise
 
     @abc.abstractmethod
     def _submit(self, request_id: str, ids: list[int], max_new_tokens: int, key: tuple[int, int]) -> None: ...

@@ -74,6 +74,10 @@ class AgentLoopRunner:
         finally:
             await backend.stop()
             executor.close()
+        engine_error = getattr(backend, "error", None)
+        if engine_error is not None:
+            raise RuntimeError(f"the rollout engine failed during the multi-turn batch: {engine_error}") \
+                from engine_error
         failed = [t for t in trajectories if t.stop_reason == "error" and not t.template_mismatch]
         if failed and len(failed) == len(trajectories):
             raise RuntimeError(f"every agent loop of the batch failed; the first: {failed[0].mismatch_detail}")
