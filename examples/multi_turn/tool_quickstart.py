@@ -72,8 +72,8 @@ def plot(rows: list[dict], out: str, val_key: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", default="runs/tool_quickstart")
-    p.add_argument("--rl_steps", type=int, default=30)
-    p.add_argument("--sft_steps", type=int, default=400)
+    p.add_argument("--rl_steps", type=int, default=60)
+    p.add_argument("--sft_steps", type=int, default=1200)
     p.add_argument("--tool_fraction", type=float, default=0.3)
     p.add_argument("--workers", type=int, default=2, help="CPU worker processes (trainer.n_gpus_per_node)")
     args, extra = p.parse_known_args(argv)
