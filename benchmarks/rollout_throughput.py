@@ -10,8 +10,8 @@ worker drives it: 256 prompts x 128 tokens, 512 new tokens forced (ignore_eos), 
 Each engine process reports
   * cold tok/s (first generate: CUDA graphs, caches) and warm tok/s (second generate),
   * wake + push: sleep, then wake_up(weights) + update_weights(the whole model from a GPU copy) + wake_up(kv_cache),
-  * device memory still used while asleep: mem_get_info's used bytes minus this process's torch reservations (the
-    GPU copy of the weights), i.e. the sleeping engine plus the CUDA contexts,
+  * what the sleeping engine keeps on the device: mem_get_info's used bytes after its sleep minus before it was
+    built (its processes' CUDA contexts, graphs, pools),
   * mean |log-prob difference| of 8 sampled responses against transformers' forward pass (a correctness check:
     throughput of wrong tokens is worth nothing).
 The table prints each engine's warm tok/s and its ratio to the best external engine (sglang, vllm).
@@ -30,6 +30,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from engine_env import engine_env  # noqa: E402
 
 SHAPES = {  # Qwen2.5 shapes (vocab 151936)
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -119,6 +122,7 @@ def run_engine(args) -> dict:
     ctx = RolloutContext(config=config, model_path=args.model, hf_config=hf_config, device=device,
                          pad_token_id=hf_config.pad_token_id, eos_token_ids=[hf_config.eos_token_id])
     record: dict = {"engine": args.worker, "shape": args.shape}
+    used_before = _used_bytes(device) if device.type == "cuda" else None
     start = time.perf_counter()
     engine = get_engine_class(args.worker)(ctx)
     record["start_s"] = time.perf_counter() - start
@@ -137,8 +141,8 @@ def run_engine(args) -> dict:
     record["logprob_gap"] = _logprob_gap(trainer_copy, out, args.prompt_len, device)
     engine.sleep()
     _sync(device)
-    if device.type == "cuda":  # what the process group, CUDA contexts and the sleeping engine still hold
-        record["asleep_used_gb"] = (_used_bytes(device) - torch.cuda.memory_reserved()) / 2**30
+    if used_before is not None:  # what the sleeping engine keeps: device memory in use now minus before it existed
+        record["asleep_used_gb"] = (_used_bytes(device) - used_before) / 2**30
     t0 = time.perf_counter()
     engine.wake_up(["weights"])
     engine.update_weights(trainer_copy.named_parameters())
@@ -151,17 +155,6 @@ def run_engine(args) -> dict:
     return record
 
 
-def _engine_env(engine: str, paths: dict[str, str]) -> dict[str, str]:
-    """PYTHONPATH with this engine's bundle only (the other engines' bundles removed)."""
-    others = set(paths.values()) - {paths.get(engine)}
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in others]
-    if engine in paths:
-        parts.insert(0, paths[engine])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *parts]),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000), "RANK": "0",
-            "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-
-
 def drive(args) -> list[dict]:
     paths = dict(item.split("=", 1) for item in args.engine_path)
     records = []
@@ -172,8 +165,9 @@ def drive(args) -> list[dict]:
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--model", model, "--shape",
                        shape, *_passed_through(args)]
                 print(f"[{shape}] {engine} ...", flush=True)
-                done = subprocess.run(cmd, env=_engine_env(engine, paths), capture_output=True, text=True,
-                                      timeout=args.engine_timeout_s)
+                env = engine_env(engine, paths, ROOT, MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1",
+                                 LOCAL_RANK="0", MASTER_PORT=str(29500 + os.getpid() % 1000))
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.engine_timeout_s)
                 lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
                 if done.returncode or not lines:
                     tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])

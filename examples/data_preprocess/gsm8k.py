@@ -17,13 +17,13 @@ import re
 import sys
 from typing import Iterable
 
-import pyarrow.parquet as pq
-
 try:
-    from verlx.data.parquet import write_parquet_atomic
+    from verlx.config.loader import DataError
+    from verlx.data.parquet import read_parquet_table, write_parquet_atomic
 except ImportError:  # run from a source checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from verlx.data.parquet import write_parquet_atomic
+    from verlx.config.loader import DataError
+    from verlx.data.parquet import read_parquet_table, write_parquet_atomic
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -35,11 +35,15 @@ def final_answer(solution: str, where: str) -> str:
     """The number after "####" in a GSM8K solution, commas removed."""
     match = _FINAL_ANSWER.search(solution)
     if match is None:
-        raise ValueError(f"{where}: the answer has no '#### <number>' line: {solution[-200:]!r}")
+        raise DataError(f"{where}: the answer has no '#### <number>' line: {solution[-200:]!r}")
     return match.group(1).replace(",", "")
 
 
 def to_row(example: dict, split: str, index: int, where: str) -> dict:
+    if not (isinstance(example, dict) and isinstance(example.get("question"), str)
+            and isinstance(example.get("answer"), str)):
+        raise DataError(f"{where}: expected an object with string fields 'question' and 'answer', got "
+                         f"{str(example)[:200]!r}")
     question, answer = example["question"], example["answer"]
     return {
         "data_source": DATA_SOURCE,
@@ -53,9 +57,20 @@ def to_row(example: dict, split: str, index: int, where: str) -> dict:
 def read_examples(path: str) -> list[dict]:
     """question/answer records of a .jsonl or .parquet file."""
     if path.endswith(".parquet"):
-        return pq.read_table(path, columns=["question", "answer"]).to_pylist()
+        return read_parquet_table(path, columns=["question", "answer"]).to_pylist()
+    records = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"{path} line {number}: not valid JSON ({e.msg}, column {e.colno}); each line must be one JSON "
+                    "object with 'question' and 'answer' (JSON Lines): fix or delete that line"
+                ) from None
+    return records
 
 
 def find_split_file(directory: str, split: str) -> str | None:
@@ -72,7 +87,7 @@ def local_splits(path: str) -> dict[str, str]:
     if os.path.isfile(path):
         split = next((s for s in SPLITS if os.path.basename(path).startswith(s)), None)
         if split is None:
-            raise ValueError(f"cannot tell the split of {path}: its name should start with 'train' or 'test'")
+            raise DataError(f"cannot tell the split of {path}: its name should start with 'train' or 'test'")
         return {split: path}
     if not os.path.isdir(path):
         raise FileNotFoundError(f"--local_dataset_path {path} is neither a file nor a directory")
@@ -119,4 +134,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (DataError, FileNotFoundError) as error:  # bad input: the message names the file (and line)
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

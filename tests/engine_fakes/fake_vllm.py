@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any, TypedDict
 
 import torch
+from packaging.version import Version
 from torch import nn
 
 from engine_fakes._install import install, module
@@ -218,7 +219,10 @@ def _llm_class(state: FakeVLLM) -> type:
             state.calls.append(("LLM", dict(kwargs), {k: os.environ.get(k) for k in ENV_SEEN}))
             with open(os.path.join(kwargs["model"], "config.json")) as f:
                 self.model = FakeQwen2(tied=json.load(f).get("tie_word_embeddings", False))
-            worker = SimpleNamespace(worker=SimpleNamespace(model_runner=SimpleNamespace(model=self.model)))
+            runner = SimpleNamespace(model=self.model)
+            if Version(state.version).release >= (0, 26):  # seen in 0.26.0: get_model() unwraps CUDA-graph wrappers
+                runner = SimpleNamespace(model=("a CUDAGraphWrapper",), get_model=lambda: self.model)
+            worker = SimpleNamespace(worker=SimpleNamespace(model_runner=runner))
             self.llm_engine = _engine_class(state, self)(SimpleNamespace(driver_worker=worker))
             self.sleeping: set[str] = set()
             state.llms.append(self)
@@ -257,6 +261,8 @@ def _llm_class(state: FakeVLLM) -> type:
             tags = ["weights", "kv_cache"] if tags is None else list(tags)
             state.calls.append(("wake_up", tags))
             self.sleeping.difference_update(tags)
+            if Version(state.version).release < (0, 27):  # 0.26.0 returns None; 0.33 says whether fully awake
+                return None
             return not self.sleeping and not state.stays_asleep
 
         def reset_prefix_cache(self):

@@ -11,13 +11,13 @@ from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
 from engine_fakes.fake_sglang import install_fake_sglang
 
 
-def run_rank(rank: int, world: int, port: int, root: str) -> None:
+def run_rank(rank: int, world: int, port: int, root: str, version: str = "0.5.23") -> None:
     from verlx.rollout.sglang_engine import SGLangRolloutEngine
     from verlx.rollout.weight_sync import WeightSyncError
 
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # Ray gives each actor its own GPU
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    state = install_fake_sglang("0.5.23", os.path.join(root, f"dist{rank}"))
+    state = install_fake_sglang(version, os.path.join(root, f"dist{rank}"))
     engine = SGLangRolloutEngine(make_ctx(os.path.join(root, f"model{rank}"), rank=rank, world_size=world,
                                           tp_size=2, n_gpus_per_node=world))
     # every rank holds its own full copy; rank r's is offset by 16 * r (exact in bf16) to tell the handles apart

@@ -1,32 +1,41 @@
-"""vLLM on a GPU (skipped where vllm is not installed): generate → sleep → push → wake → generate."""
+"""vLLM on a GPU (skipped where vllm is not installed): generate → sleep → push → wake → generate, per sleep level.
+
+vLLM allows one sleep-mode LLM per process, so each level runs in a fresh (spawned) process of its own.
+"""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import socket
 
 import pytest
 
-from engine_fakes.constant_model import run_cycle
-
 pytestmark = pytest.mark.gpu
 
 
-def test_weights_pushed_while_asleep_take_effect(tmp_path, monkeypatch):
-    pytest.importorskip("vllm", reason="vllm not installed")
+def _cycle_in_this_process(tmp_path: str, sleep_level: int) -> None:
     import torch.distributed as dist
 
+    from engine_fakes.constant_model import run_cycle
     from verlx.rollout.vllm_engine import VLLMRolloutEngine
     from verlx.utils.distributed import init_distributed
 
+    init_distributed()
+    try:
+        run_cycle(VLLMRolloutEngine, tmp_path, {"sleep_level": sleep_level})
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sleep_level", [1, 2])
+def test_weights_pushed_while_asleep_take_effect(tmp_path, sleep_level):
+    pytest.importorskip("vllm", reason="vllm not installed")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    init_distributed()
-    try:
-        # one sleep-mode LLM per process, so sleep level 2 (weights discarded, full push required) is the case run
-        run_cycle(VLLMRolloutEngine, tmp_path, {"sleep_level": 2})
-    finally:
-        dist.destroy_process_group()
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    process = mp.get_context("spawn").Process(target=_cycle_in_this_process, args=(tmp_path, sleep_level))
+    process.start()
+    process.join(timeout=600)
+    assert process.exitcode == 0, f"the vLLM cycle at sleep level {sleep_level} failed (traceback above)"

@@ -8,6 +8,8 @@ import os
 import pickle
 import socket
 
+import pytest
+from packaging.version import Version
 import torch.multiprocessing as mp
 
 from engine_fakes.contexts import SHAPES
@@ -20,8 +22,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_groups_of_two(tmp_path):
-    mp.spawn(run_rank, args=(4, free_port(), str(tmp_path)), nprocs=4, join=True)
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.17", "0.5.23"])
+def test_two_groups_of_two(tmp_path, version):
+    """0.5.9: LocalSerializedTensor in model_runner; 0.5.17 (the release run on the GPU machine): updates without
+    a session, the class in model_runner_components.weight_updater; 0.5.23: every update inside
+    begin/end_weight_update."""
+    mp.spawn(run_rank, args=(4, free_port(), str(tmp_path), version), nprocs=4, join=True)
     records = [pickle.load(open(os.path.join(tmp_path, f"rank{r}.pkl"), "rb")) for r in range(4)]
     for leader, peer in ((0, 1), (2, 3)):
         lead, other = records[leader], records[peer]
@@ -33,10 +39,12 @@ def test_two_groups_of_two(tmp_path):
         assert placement == (2, 0, 1, 30000 + 8 * leader)  # port block 16 per replica, replica = leader // 2
         assert kwargs["random_seed"] == 5 + leader // 2
         assert lead["engine_env"][0]["CUDA_VISIBLE_DEVICES"] == f"{leader},{peer}"
+        session = Version(version) >= Version("0.5.21")
+        push = ["begin_weight_update", "update_weights_from_tensor", "end_weight_update"] if session else [
+            "update_weights_from_tensor"]
         assert [c[0] for c in lead["calls"][1:]] == [
-            "begin_weight_update", "update_weights_from_tensor", "end_weight_update", "flush_cache", "generate",
-            "release_memory_occupation", "resume_memory_occupation", "resume_memory_occupation",
-            "begin_weight_update", "update_weights_from_tensor", "end_weight_update",
+            *push, "flush_cache", "generate",
+            "release_memory_occupation", "resume_memory_occupation", "resume_memory_occupation", *push,
         ]
         # first push: for each tensor, the handle of tp rank 0 then tp rank 1 (values i + 1 + 16 * rank)
         first = dict(lead["received"][0])

@@ -88,3 +88,23 @@ def test_first_generate_follows_one_complete_multi_bucket_push(one_rank, fake_sg
     first_push = calls.index("update_weights_from_tensor")
     assert calls[first_push - 1] == "resume_memory_occupation"
     assert calls[first_push + len(pushes):calls.index("generate")] == ["flush_cache", "resume_memory_occupation"]
+
+
+def test_an_engine_failing_mid_generation_is_named_with_its_rank(one_rank, fake_sglang, tmp_path):
+    """The error a user sees names the engine and the rank (a note on the engine's own exception, type kept)."""
+    from verlx.rollout.token_io import EngineGenerationError
+    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+
+    model_dir = _model_of_several_buckets(tmp_path / "model")
+    cfg = make_config(model_dir, tmp_path, tmp_path, "trainer.n_gpus_per_node=1",
+                      "actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.load_format=dummy")
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    worker.init_model()
+    fake_sglang.abort_samples[1] = "scheduler process died (exit code -9)"
+    prompts = _prompts(worker.tokenizer.pad_token_id)
+    prompts.meta_info["global_step"] = 7
+    with pytest.raises(EngineGenerationError) as info:
+        worker.generate_sequences(prompts)
+    assert "scheduler process died" in str(info.value)
+    assert info.value.__notes__ == ["while the sglang rollout engine of rank 0 was generating (step 7); checkpoints on "
+                                    "disk are not touched by a failed step"]

@@ -5,7 +5,6 @@ checkpointing still recomputes."""
 from __future__ import annotations
 
 import copy
-import os
 import socket
 
 import pytest
@@ -28,8 +27,7 @@ def policies():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(tiny_config()).float()
     enable_activation_checkpointing(hf)

@@ -23,12 +23,51 @@ def test_importing_the_adapters_imports_neither_package():
     assert out.strip() == "[]"
 
 
-def test_registered_with_install_hints():
+def test_the_registry_names_engines_without_importing_their_modules():
+    code = (
+        "import sys; from verlx.rollout.base import ROLLOUT_ENGINES; names = ROLLOUT_ENGINES.names(); "
+        "loaded = [m for m in sys.modules if m.startswith('verlx.rollout.') and m.endswith(('_engine', 'engine'))]; "
+        "print(names, loaded)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['hf', 'native', 'sglang', 'vllm'] []"
+
+
+def test_registered_with_install_commands_for_the_users_torch():
+    from verlx.rollout.engine_versions import install_command
+
     assert ROLLOUT_ENGINES.get("sglang") is SGLangRolloutEngine
     assert ROLLOUT_ENGINES.get("vllm") is VLLMRolloutEngine
     assert (SGLangRolloutEngine.requires_package, VLLMRolloutEngine.requires_package) == ("sglang", "vllm")
-    assert "pip install 'verlx[sglang]'" in SGLangRolloutEngine.install_hint
-    assert "pip install 'verlx[vllm]'" in VLLMRolloutEngine.install_hint
+    assert install_command("sglang", "2.11.0+cu130").startswith("pip install 'sglang>=0.5.14,<0.5.19'")
+    assert install_command("vllm", "2.11.0").startswith("pip install 'vllm>=0.20,<0.27'")
+    assert install_command("sglang", "2.14.1+cu128").startswith("pip install 'sglang==0.5.23'")
+    assert install_command("vllm", "2.14.0").startswith("pip install 'vllm==0.33.0'")
+    other = install_command("vllm", "2.13.0+cpu")
+    assert other.startswith("pip install 'verlx[vllm]'") and "pins your torch 2.13.0" in other
+    assert "separate environment" in other
+
+
+def test_a_release_in_range_but_never_run_here_warns_once_naming_the_tested_ones(caplog):
+    from verlx.rollout import engine_versions
+
+    engine_versions._warned_untested.discard("vllm")
+    with caplog.at_level("WARNING"):
+        engine_versions.check_engine_version("vllm", "0.30.1")
+        engine_versions.check_engine_version("vllm", "0.30.1")
+        engine_versions.check_engine_version("vllm", "0.26.0")
+    warnings = [r.message for r in caplog.records if "not among the releases run inside verlx" in r.message]
+    assert len(warnings) == 1 and "vllm 0.30.1" in warnings[0] and "(0.26.0)" in warnings[0]
+
+
+def test_a_user_engine_class_by_path():
+    from verlx.rollout.base import resolve_engine_name
+
+    assert resolve_engine_name("verlx.rollout.hf_engine:HFEngine") == "verlx.rollout.hf_engine:HFEngine"
+    with pytest.raises(TypeError, match="is not a RolloutEngine subclass"):
+        resolve_engine_name("verlx.protocol:DataProto")
+    with pytest.raises(ValueError, match="cannot import Nope from verlx.protocol"):
+        resolve_engine_name("verlx.protocol:Nope")
 
 
 def test_unknown_engine_lists_the_registered_ones():
@@ -42,15 +81,13 @@ def test_unknown_engine_lists_the_registered_ones():
 def test_choosing_an_uninstalled_engine_fails_with_the_install_command(name):
     if importlib.util.find_spec(name) is not None:
         pytest.skip(f"{name} is installed here")
-    pytest.importorskip("verlx.rollout.hf_engine", reason="resolve_engine_name imports every built-in engine")
     from verlx.rollout.base import resolve_engine_name
 
-    with pytest.raises(RuntimeError, match=rf"needs the '{name}' package.*pip install 'verlx\[{name}\]'"):
+    with pytest.raises(RuntimeError, match=rf"needs the '{name}' package.*Install it with: pip install '"):
         resolve_engine_name(name)
 
 
 def test_an_unsupported_release_fails_before_ray_and_auto_skips_it(tmp_path):
-    pytest.importorskip("verlx.rollout.hf_engine", reason="resolve_engine_name imports every built-in engine")
     from engine_fakes.fake_sglang import install_fake_sglang
     from verlx.rollout.base import resolve_engine_name
     from verlx.rollout.engine_versions import UnsupportedEngineVersion

@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers.tiny_tokenizer import build_tiny_tokenizer
 
+from verlx.config.loader import DataError
 from verlx.config.run import DataConfig
 from verlx.data import RLHFDataset, write_parquet_atomic
 from verlx.protocol import DataProto, collate_rows
@@ -169,16 +170,16 @@ def test_filter_with_worker_processes_matches_in_process(tmp_path, tokenizer):
 
 
 def test_missing_file_and_missing_columns(tmp_path, tokenizer):
-    with pytest.raises(FileNotFoundError, match="parquet file not found: .*nope.parquet"):
+    with pytest.raises(DataError, match="parquet file not found: .*nope.parquet"):
         RLHFDataset(str(tmp_path / "nope.parquet"), tokenizer, DataConfig())
     path = write(tmp_path, "a.parquet", [{"question": "q", "data_source": "x"}])
-    with pytest.raises(KeyError) as e:
+    with pytest.raises(DataError) as e:
         RLHFDataset(path, tokenizer, DataConfig())
     message = str(e.value)
     assert "no column 'prompt' (data.prompt_key)" in message and "a.parquet" in message
     assert "['data_source', 'question']" in message
     path = write(tmp_path, "b.parquet", [{"prompt": [{"role": "user", "content": "q"}]}])
-    with pytest.raises(KeyError, match="no column 'data_source' \\(data.reward_fn_key\\)"):
+    with pytest.raises(DataError, match="no column 'data_source' \\(data.reward_fn_key\\)"):
         RLHFDataset(path, tokenizer, DataConfig())
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from arithmetic_rows import write_arithmetic
 
+from verlx.config.loader import DataError
 from verlx.data.sft_dataset import collate, read_parquet_rows, tokenize_sft
 from verlx.models.tiny import build_tokenizer
 from verlx.trainer.sft_eval import score_response
@@ -46,7 +47,7 @@ def test_bad_keys_name_the_key_file_and_row(tmp_path, tok):
         _tokenize(rows, tok, response_key="extra_info.answr")
     with pytest.raises(KeyError, match=r"column 'promt' is not in .*Did you mean 'prompt'\?"):
         _tokenize(rows, tok, prompt_key="promt")
-    with pytest.raises(FileNotFoundError, match=r"data.train_files: .*missing.parquet does not exist"):
+    with pytest.raises(DataError, match=r"data.train_files: .*missing.parquet does not exist"):
         read_parquet_rows(str(tmp_path / "missing.parquet"))
 
 

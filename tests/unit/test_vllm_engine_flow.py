@@ -57,8 +57,11 @@ def test_llm_arguments_and_environment(fake, tmp_path, monkeypatch):
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
-def test_one_rl_step(fake, tmp_path):
-    state = fake()
+@pytest.mark.parametrize("version", ["0.11.0", "0.26.0", "0.33.0"])
+def test_one_rl_step(fake, tmp_path, version):
+    """0.11: the model at model_runner.model; 0.26.0 (run on the GPU machine): model_runner.get_model(), wake_up
+    returns None; 0.33: wake_up says whether the engine is fully awake."""
+    state = fake(version)
     engine = build(tmp_path)
     engine.update_weights(trainer_weights())
     engine.generate(left_padded_prompts())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import types
 import typing
@@ -11,7 +12,13 @@ from typing import Any, Mapping, Sequence, TypeVar, Union
 from verlx.utils.registry import did_you_mean
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class DataError(ValueError):
+    """A problem with an input file or its rows: the message names the file (and row where known) and what to do.
+    Entry points report it like a ConfigError: the message alone, exit status 2."""
 
 
 class ConfigError(ValueError):
@@ -120,12 +127,27 @@ def to_container(cfg) -> dict:
 def load_yaml(
     config_name: str = "ppo_trainer", overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR, schema: type | None = None
 ):
-    """Compose a config the way the Hydra entry point does (same YAML, same override grammar)."""
+    """Compose a config the way the Hydra entry point does (same YAML, same override grammar, older veRL keys
+    upgraded with a warning)."""
     from hydra import compose, initialize_config_dir
 
+    overrides = upgraded_overrides(overrides, schema)
     check_override_keys(overrides, config_name, schema)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name=config_name, overrides=list(overrides))
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def upgraded_overrides(overrides: Sequence[str], schema: type | None = None) -> list[str]:
+    """Overrides of older veRL command lines rewritten to today's keys; each rewrite is logged as a warning."""
+    from verlx.config.legacy_keys import upgrade_overrides
+
+    if schema is None:
+        from verlx.config.schema import PPOConfig as schema
+
+    upgraded, warnings = upgrade_overrides(overrides, schema)
+    for warning in warnings:
+        logger.warning(warning)
+    return upgraded
 
 
 def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_trainer", schema: type | None = None) -> None:

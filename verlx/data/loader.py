@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+from verlx.config.loader import DataError
 from verlx.data.rl_dataset import RLHFDataset
 from verlx.data.sampler import StatefulSampler
 from verlx.protocol import DataProto, collate_rows
@@ -21,7 +22,7 @@ class PromptDataLoader:
         if sampler.num_rows != len(dataset):
             raise ValueError(f"the sampler covers {sampler.num_rows} rows, the dataset has {len(dataset)}")
         if drop_last and len(dataset) < batch_size:
-            raise ValueError(
+            raise DataError(
                 f"the dataset has {len(dataset)} rows, fewer than one batch of {batch_size} "
                 "(data.train_batch_size): use more data or a smaller batch"
             )

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from verlx.config.loader import DataError
 from verlx.config.run import DataConfig
 from verlx.data.parquet import read_parquet_columns
 from verlx.protocol import DataProto
@@ -90,7 +91,7 @@ class RLHFDataset:
             )
         self.pad_token_id = self._pad_token_id(tokenizer)
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
+            raise DataError(
                 f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, which RLHFDataset "
                 "needs to turn the prompt messages into text; use a chat/instruct model's tokenizer (data.tokenizer)"
             )
@@ -117,7 +118,7 @@ class RLHFDataset:
             columns = read_parquet_columns(path)
             for key, config_key in ((prompt_key, "data.prompt_key"), (source_key, "data.reward_fn_key")):
                 if key not in columns:
-                    raise KeyError(
+                    raise DataError(
                         f"{path} has no column '{key}' ({config_key}); its columns are {sorted(columns)}. "
                         f"Set {config_key} to the right column or re-create the file (examples/data_preprocess)."
                     )
@@ -150,7 +151,7 @@ class RLHFDataset:
             kind, detail = problem
             file, row = origins[i]
             if not self.config.skip_bad_rows:
-                raise ValueError(
+                raise DataError(
                     f"{file} row {row}: {kind} in column '{self.config.prompt_key}': {detail}. Fix the row, or set "
                     "data.skip_bad_rows=true to skip such rows (they are counted and reported)."
                 )
@@ -158,7 +159,7 @@ class RLHFDataset:
         texts, ids = self._tokenize([prompts[i] for i in good])
         good, texts, ids = self._fit_length(good, texts, ids, origins)
         if not good:
-            raise ValueError(
+            raise DataError(
                 f"no usable prompts in {self.files}: {self.num_skipped} bad rows skipped, {self.num_filtered} "
                 f"longer than data.max_prompt_length={self.max_prompt_length} dropped"
             )
@@ -189,7 +190,7 @@ class RLHFDataset:
             return [good[i] for i in keep], [texts[i] for i in keep], [ids[i] for i in keep]
         if self.config.truncation == "error":
             file, row = origins[good[over[0]]]
-            raise ValueError(
+            raise DataError(
                 f"{file} row {row}: the prompt is {lengths[over[0]]} tokens, longer than data.max_prompt_length="
                 f"{limit} ({len(over)} prompts are). Raise data.max_prompt_length, set data.filter_overlong_prompts="
                 "true to drop them, or set data.truncation to left, right or middle."

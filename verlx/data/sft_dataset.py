@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from verlx.config.loader import DataError
+
 TRUNCATIONS = ("error", "left", "right")
 
 
@@ -59,7 +61,8 @@ class ParquetRows:
 def read_parquet_rows(files: str | list[str], max_samples: int = -1, config_key: str = "data.train_files") -> ParquetRows:
     """Concatenate parquet files (first `max_samples` rows when > 0); a missing file names the key to fix."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from verlx.data.parquet import read_parquet_table
 
     files = [files] if isinstance(files, str) else list(files)
     if not files:
@@ -68,8 +71,8 @@ def read_parquet_rows(files: str | list[str], max_samples: int = -1, config_key:
     for name in files:
         path = os.path.abspath(os.path.expanduser(name))
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{config_key}: {path} does not exist (write it first, e.g. with examples/data_preprocess)")
-        table = pq.read_table(path)
+            raise DataError(f"{config_key}: {path} does not exist (write it first, e.g. with examples/data_preprocess)")
+        table = read_parquet_table(path)
         tables.append(table)
         starts.append(total)
         total += table.num_rows
@@ -77,7 +80,7 @@ def read_parquet_rows(files: str | list[str], max_samples: int = -1, config_key:
     if max_samples > 0:
         table = table.slice(0, max_samples)
     if table.num_rows == 0:
-        raise ValueError(f"{config_key}: {files} hold no rows")
+        raise DataError(f"{config_key}: {files} hold no rows")
     return ParquetRows(table, [os.path.abspath(os.path.expanduser(f)) for f in files], starts)
 
 

@@ -8,8 +8,10 @@ asked to generate, and put back to sleep so training gets the memory. Every engi
 from __future__ import annotations
 
 import abc
+import functools
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -19,7 +21,17 @@ from verlx.protocol import DataProto
 from verlx.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
-ROLLOUT_ENGINES: Registry[type["RolloutEngine"]] = Registry("rollout engine", "actor_rollout_ref.rollout.name")
+ROLLOUT_ENGINES: Registry[type["RolloutEngine"]] = Registry("rollout engine", "actor_rollout_ref.rollout.name",
+                                                            import_paths=True)
+# Built-in engines by name; each module is imported when its engine is first asked for (and imports its own
+# package lazily in turn), so nothing here imports an engine.
+for _name, _target in {
+    "native": "verlx.rollout.native.engine:NativeEngine",
+    "hf": "verlx.rollout.hf_engine:HFEngine",
+    "sglang": "verlx.rollout.sglang_engine:SGLangRolloutEngine",
+    "vllm": "verlx.rollout.vllm_engine:VLLMRolloutEngine",
+}.items():
+    ROLLOUT_ENGINES.register_lazy(_name, _target)
 # `auto` tries these in order and takes the first whose package is installed.
 AUTO_ENGINE_ORDER = ("sglang", "vllm", "native")
 
@@ -60,17 +72,26 @@ class RolloutContext:
             return torch.float32
         return torch_dtype(self.config.dtype, "actor_rollout_ref.rollout.dtype")
 
+    @functools.cached_property
+    def layout(self):
+        """Tensor-parallel groups, GPUs and ports of this rank (verlx.rollout.engine_layout): the one place the
+        rollout rank arithmetic is done."""
+        from verlx.rollout.engine_layout import DEFAULT_BASE_PORT, plan_engine_layout
+
+        base_port = int(os.environ.get("VERLX_ROLLOUT_BASE_PORT", DEFAULT_BASE_PORT))
+        return plan_engine_layout(self.rank, self.world_size, self.tp_size, self.gpus_per_node, self.nnodes, base_port)
+
     @property
     def tp_rank(self) -> int:
-        return self.rank % self.tp_size
+        return self.layout.tp_rank
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.tp_size
+        return self.layout.dp_rank
 
     @property
     def dp_size(self) -> int:
-        return self.world_size // self.tp_size
+        return self.layout.dp_size
 
 
 @dataclass
@@ -131,8 +152,6 @@ class RolloutEngine(abc.ABC):
 
     #: the pip package whose presence makes the engine usable (None: always available)
     requires_package: str | None = None
-    #: what to tell a user who chose the engine without the package installed
-    install_hint: str = ""
     #: whether the engine can decode greedily (REMAX's baseline needs it)
     supports_greedy: bool = True
 
@@ -147,6 +166,11 @@ class RolloutEngine(abc.ABC):
     @classmethod
     def check_install(cls) -> None:
         """Raise if the installed package cannot be used (e.g. an unsupported release); runs before Ray starts."""
+
+    @classmethod
+    def install_command(cls) -> str:
+        """What to tell a user who chose the engine without its package installed."""
+        return f"pip install {cls.requires_package}" if cls.requires_package else ""
 
     @abc.abstractmethod
     def generate(self, prompts: DataProto) -> DataProto:
@@ -168,49 +192,28 @@ class RolloutEngine(abc.ABC):
         bucket per call."""
 
 
-def register_engine(name: str):
-    return ROLLOUT_ENGINES.register(name)
-
-
-def _engine_from_path(path: str) -> type[RolloutEngine]:
-    """A user's own engine class, `package.module:ClassName`, registered under that path on first use."""
-    import importlib
-
-    module_name, _, class_name = path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"actor_rollout_ref.rollout.name={path}: cannot import {class_name} from {module_name}: "
-                         f"{e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, RolloutEngine)):
-        raise TypeError(f"actor_rollout_ref.rollout.name={path} is not a RolloutEngine subclass")
-    if path not in ROLLOUT_ENGINES:
-        ROLLOUT_ENGINES.register(path)(cls)
-    return cls
-
-
 def resolve_engine_name(name: str) -> str:
     """`auto` → the first installed of AUTO_ENGINE_ORDER; `module:Class` → a user engine; any other name must be
     registered and installed."""
-    _import_builtin_engines()
-    if ":" in name:
-        _engine_from_path(name)
-        return name
     if name == "auto":
         for candidate in AUTO_ENGINE_ORDER:
-            if candidate in ROLLOUT_ENGINES and ROLLOUT_ENGINES.get(candidate).is_available():
+            engine = ROLLOUT_ENGINES.get(candidate)
+            if engine.is_available():
                 try:
-                    ROLLOUT_ENGINES.get(candidate).check_install()
+                    engine.check_install()
                 except Exception as e:  # an installed but unusable engine: try the next one
                     logger.warning("rollout.name=auto skips %s: %s", candidate, e)
                     continue
                 return candidate
         return "hf"
     cls = ROLLOUT_ENGINES.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, RolloutEngine)):
+        raise TypeError(f"actor_rollout_ref.rollout.name={name} is not a RolloutEngine subclass")
     if not cls.is_available():
         raise RuntimeError(
             f"actor_rollout_ref.rollout.name={name} needs the '{cls.requires_package}' package, which is not "
-            f"installed. {cls.install_hint} Or choose rollout.name=native, which needs nothing beyond torch."
+            f"installed. Install it with: {cls.install_command()}. Or choose rollout.name=native, which needs "
+            "nothing beyond torch."
         )
     cls.check_install()
     return name
@@ -220,17 +223,7 @@ def get_engine_class(name: str) -> type[RolloutEngine]:
     return ROLLOUT_ENGINES.get(resolve_engine_name(name))
 
 
-def _import_builtin_engines() -> None:
-    """Importing an engine module registers it; engine modules import their package lazily."""
-    import verlx.rollout.engines  # noqa: F401
-
-
 # ---------------------------------------------------------------------- the shared output layout
-def left_pad_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Number of real prompt tokens per row of a left-padded prompt batch."""
-    return attention_mask.sum(-1)
-
-
 def build_rollout_batch(
     prompts: DataProto,
     responses: torch.Tensor,

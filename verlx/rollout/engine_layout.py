@@ -50,6 +50,10 @@ class EngineLayout:
         return self.rank // self.tp_size
 
     @property
+    def dp_size(self) -> int:
+        return self.world_size // self.tp_size
+
+    @property
     def leader_rank(self) -> int:
         return self.group_ranks[0]
 

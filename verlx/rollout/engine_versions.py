@@ -8,9 +8,14 @@ read (a missing keyword deep inside the engine, a weight update that silently do
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
+
+
+logger = logging.getLogger(__name__)
+_warned_untested: set[str] = set()
 
 
 class UnsupportedEngineVersion(RuntimeError):
@@ -24,6 +29,10 @@ class SupportedRange:
     below: str  # exclusive
     reason: str
     install_hint: str
+    #: releases run inside verlx on the GPU machine (docs/rollout.md has the table); others in range warn once
+    tested: tuple[str, ...] = ()
+    #: torch release (major.minor or exact) -> the engine releases that pin it, as a pip requirement
+    torch_pins: tuple[tuple[str, str], ...] = ()
 
     def contains(self, version: Version) -> bool:
         return _release(self.minimum) <= _release(version) < _release(self.below)
@@ -44,6 +53,8 @@ SUPPORTED_RANGES: dict[str, SupportedRange] = {
             "the begin/end_weight_update session of 0.5.21+ (documented up to 0.5.23); 0.6 may change these APIs again"
         ),
         install_hint="pip install 'verlx[sglang]'",
+        tested=("0.5.17",),
+        torch_pins=(("2.11", "sglang>=0.5.14,<0.5.19"), ("2.14.1", "sglang==0.5.23")),
     ),
     "vllm": SupportedRange(
         package="vllm",
@@ -56,6 +67,8 @@ SUPPORTED_RANGES: dict[str, SupportedRange] = {
             "compares with) exists; documented up to 0.33.x"
         ),
         install_hint="pip install 'verlx[vllm]'",
+        tested=("0.26.0",),
+        torch_pins=(("2.11", "vllm>=0.20,<0.27"), ("2.14.0", "vllm==0.33.0")),
     ),
 }
 
@@ -68,12 +81,28 @@ def _release(version: str | Version) -> tuple[int, ...]:
     return tuple(release)
 
 
+def install_command(package: str, torch_version: str | None = None) -> str:
+    """The pip command that installs `package` without replacing the user's torch, where a release pinned to it is
+    known; otherwise the extra, with a warning that it brings its own torch."""
+    supported = SUPPORTED_RANGES[package]
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    torch_release = torch_version.split("+")[0]
+    for pinned, requirement in supported.torch_pins:
+        if torch_release == pinned or (pinned.count(".") == 1 and torch_release.startswith(pinned + ".")):
+            return f"pip install '{requirement}' (the releases pinned to your torch {torch_release})"
+    return (f"{supported.install_hint} (no {package} release known here pins your torch {torch_release}; the one pip "
+            f"picks installs its own torch: use a separate environment)")
+
+
 def installed_version(package: str) -> str:
     """The installed distribution version of `package` (without importing it)."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        hint = SUPPORTED_RANGES[package].install_hint if package in SUPPORTED_RANGES else f"pip install {package}"
+        hint = install_command(package) if package in SUPPORTED_RANGES else f"pip install {package}"
         raise RuntimeError(f"the '{package}' package is not installed; install it with: {hint}") from None
 
 
@@ -89,8 +118,13 @@ def check_engine_version(package: str, version: str | None = None) -> Version:
         raise UnsupportedEngineVersion(
             f"{package} {text} is not supported by actor_rollout_ref.rollout.name={package}; supported: "
             f"{supported.describe()}. Why: {supported.reason}. Install a supported release "
-            f"({supported.install_hint}) or choose rollout.name=native."
+            f"({install_command(package)}) or choose rollout.name=native."
         )
+    if supported.tested and str(parsed) not in supported.tested and package not in _warned_untested:
+        _warned_untested.add(package)
+        logger.warning("%s %s is in the supported range %s but not among the releases run inside verlx on a GPU "
+                       "(%s): the adapter follows its documented API; report what breaks", package, text,
+                       supported.describe(), ", ".join(supported.tested))
     return parsed
 
 

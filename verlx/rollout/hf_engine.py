@@ -11,14 +11,11 @@ from verlx.rollout.base import (
     RolloutEngine,
     build_rollout_batch,
     mask_after_stop,
-    register_engine,
     resolve_sampling,
 )
 from verlx.rollout.weight_sync import hf_param_name
 
 
-
-@register_engine("hf")
 class HFEngine(RolloutEngine):
     """Weights live on the device while awake and in CPU memory while asleep (like vLLM's sleep level 1)."""
 

@@ -10,7 +10,6 @@ sglang is imported only inside methods.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import os
 import socket
@@ -19,11 +18,11 @@ from typing import Iterable
 import torch
 
 from verlx.protocol import DataProto
-from verlx.rollout.base import RolloutContext, RolloutEngine, register_engine, resolve_sampling
-from verlx.rollout.engine_layout import DEFAULT_BASE_PORT, engine_visible_devices, plan_engine_layout
-from verlx.rollout.engine_versions import check_engine_version
+from verlx.rollout.base import RolloutContext
+from verlx.rollout.engine_layout import engine_visible_devices
+from verlx.rollout.external import ExternalEngine
 from verlx.rollout.kernel_backends import inventory as kernel_inventory
-from verlx.rollout.residency import WEIGHTS, EngineResidency
+from verlx.rollout.residency import WEIGHTS
 from verlx.rollout.sglang_adapter import (
     SGLangFeatures,
     build_server_args,
@@ -37,14 +36,12 @@ from verlx.rollout.weight_sync import (
     bucket_bytes_of,
     check_update_status,
     engine_dtype,
-    expected_push_names,
     iter_buckets,
     iter_engine_weights,
 )
 from verlx.utils.environ import scoped_environ
 from verlx.utils.memory import ALLOC_CONF_ENV, alloc_conf_without_expandable_segments, set_expandable_segments
 
-logger = logging.getLogger(__name__)
 ENGINE = "sglang"
 #: variables sglang.Engine() writes into the caller's environment; put back so the trainer keeps its own
 _ENGINE_WRITES_ENV = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS")
@@ -81,45 +78,21 @@ def _local_serialized_tensor_class() -> type:
     return LocalSerializedTensor
 
 
-@register_engine("sglang")
-class SGLangRolloutEngine(RolloutEngine):
+class SGLangRolloutEngine(ExternalEngine):
     requires_package = "sglang"
-    install_hint = (
-        "Install it with: pip install 'verlx[sglang]' (sglang>=0.5.9,<0.6; each sglang release pins its own torch, "
-        "e.g. 0.5.23 needs torch==2.14.1)."
-    )
-
-    @classmethod
-    def check_install(cls) -> None:
-        check_engine_version("sglang")
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
-        cfg = self.config
-        if cfg.sleep_level not in (1, 2):
-            raise ValueError(f"actor_rollout_ref.rollout.sleep_level={cfg.sleep_level} must be 1 or 2")
-        self.features = SGLangFeatures(check_engine_version("sglang"))
-        self.layout = plan_engine_layout(
-            ctx.rank,
-            ctx.world_size,
-            ctx.tp_size,
-            ctx.gpus_per_node,
-            ctx.nnodes,
-            int(os.environ.get("VERLX_ROLLOUT_BASE_PORT", DEFAULT_BASE_PORT)),
-        )
+        self.features = SGLangFeatures(self.version)
         self.tp = TensorParallelGroup.create(self.layout)
-        self.tie_word_embeddings = bool(getattr(ctx.hf_config, "tie_word_embeddings", False))
-        self.expected_names = expected_push_names(ctx.model_path, self.tie_word_embeddings)
 
         from sglang.srt.server_args import ServerArgs
 
         field_names = server_arg_names(ServerArgs, self.features)
         # Level 1 keeps a CPU copy of the weights across release; level 2 (or a release without the option)
         # discards them, and the next generate needs a complete push.
-        cpu_backup = cfg.sleep_level == 1 and "enable_weights_cpu_backup" in field_names
-        self.residency = EngineResidency(
-            ENGINE, weights_current=not cfg.load_format.startswith("dummy"), weights_survive_release=cpu_backup
-        )
+        cpu_backup = self.config.sleep_level == 1 and "enable_weights_cpu_backup" in field_names
+        self.residency = self._new_residency(weights_survive_release=cpu_backup)
         self._engine = None
         self._start(field_names, cpu_backup)
         self._kv_stage_tags = self.tp.run_on_leader(self._non_weight_tags)
@@ -185,14 +158,8 @@ class SGLangRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: DataProto) -> DataProto:
-        self.residency.require_ready_to_generate()
+        params = self._sampling_for(prompts)
         cfg = self.config
-        params = resolve_sampling(cfg, prompts.meta_info, self.ctx.eos_token_ids)
-        if params.max_new_tokens > cfg.response_length:
-            raise ValueError(
-                f"max_new_tokens={params.max_new_tokens} exceeds actor_rollout_ref.rollout.response_length="
-                f"{cfg.response_length}"
-            )
         want_log_probs = bool(cfg.calculate_log_probs)
 
         def run():
@@ -246,10 +213,7 @@ class SGLangRolloutEngine(RolloutEngine):
         finally:
             self._end_session()
         self._checked_call("flush_cache")
-        missing = sorted(self.expected_names - pushed) if self.expected_names is not None else []
-        if missing and not self.residency.weights_current:
-            logger.warning("sglang: push left %d parameters unset (%s...)", len(missing), missing[:4])
-        self.residency.mark_pushed(complete=not missing)
+        self._finish_push(pushed)
 
     def _checked_call(self, method: str) -> None:
         """Call an engine method on the leader; every rank raises unless it reports success (or returns nothing)."""

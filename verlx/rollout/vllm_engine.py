@@ -11,57 +11,31 @@ only inside methods, after VLLM_ENABLE_V1_MULTIPROCESSING=0 is set so the engine
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from typing import Iterable
 
 import torch
 
 from verlx.protocol import DataProto
-from verlx.rollout.base import RolloutContext, RolloutEngine, register_engine, resolve_sampling
-from verlx.rollout.engine_layout import plan_engine_layout
-from verlx.rollout.engine_versions import check_engine_version
+from verlx.rollout.base import RolloutContext
+from verlx.rollout.external import ExternalEngine
 from verlx.rollout.kernel_backends import inventory as kernel_inventory
-from verlx.rollout.residency import KV_CACHE, EngineResidency, EngineStateError
+from verlx.rollout.residency import KV_CACHE, EngineStateError
 from verlx.rollout.token_io import prompt_token_lists, rollout_batch_from_result
 from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloaded_names, vllm_sampling_kwargs
-from verlx.rollout.weight_sync import (
-    WeightSyncError,
-    bucket_bytes_of,
-    engine_dtype,
-    expected_push_names,
-    iter_buckets,
-    iter_engine_weights,
-)
+from verlx.rollout.weight_sync import WeightSyncError, bucket_bytes_of, engine_dtype, iter_buckets, iter_engine_weights
 from verlx.utils.environ import scoped_environ
 from verlx.utils.memory import ALLOC_CONF_ENV, alloc_conf_without_expandable_segments, set_expandable_segments
 
-logger = logging.getLogger(__name__)
 ENGINE = "vllm"
-MODEL_PATH = "llm_engine.model_executor.driver_worker.worker.model_runner.model"
+MODEL_RUNNER_PATH = "llm_engine.model_executor.driver_worker.worker.model_runner"
 
 
-@register_engine("vllm")
-class VLLMRolloutEngine(RolloutEngine):
+class VLLMRolloutEngine(ExternalEngine):
     requires_package = "vllm"
-    install_hint = (
-        "Install it with: pip install 'verlx[vllm]' (vllm>=0.11,<0.34; each vllm release pins its own torch, "
-        "e.g. 0.33.0 needs torch==2.14.0)."
-    )
-
-    @classmethod
-    def check_install(cls) -> None:
-        check_engine_version("vllm")
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
-        cfg = self.config
-        if cfg.sleep_level not in (1, 2):
-            raise ValueError(f"actor_rollout_ref.rollout.sleep_level={cfg.sleep_level} must be 1 or 2")
-        self.version = check_engine_version("vllm")
-        self.layout = plan_engine_layout(ctx.rank, ctx.world_size, ctx.tp_size, ctx.gpus_per_node, ctx.nnodes)
-        self.tie_word_embeddings = bool(getattr(ctx.hf_config, "tie_word_embeddings", False))
-        self.expected_names = expected_push_names(ctx.model_path, self.tie_word_embeddings)
         # The engine core must live in this process (the model is reached in place); read when vllm starts.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self._llm = self._launch()
@@ -69,11 +43,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._param_names = frozenset(name for name, _ in model.named_parameters())
         self._packed = dict(getattr(model, "packed_modules_mapping", None) or {})
         # Level 1 keeps weights in pinned CPU memory while asleep; level 2 discards them.
-        self.residency = EngineResidency(
-            ENGINE,
-            weights_current=not cfg.load_format.startswith("dummy"),
-            weights_survive_release=cfg.sleep_level == 1,
-        )
+        self.residency = self._new_residency(weights_survive_release=self.config.sleep_level == 1)
 
     def _launch(self):
         """vllm.LLM(); collective across the world (every rank builds its replica's share at the same time)."""
@@ -92,30 +62,25 @@ class VLLMRolloutEngine(RolloutEngine):
             return LLM(**build_llm_args(self.ctx, self.layout, fields, kernel_inventory()))
 
     def _model(self) -> torch.nn.Module:
+        """The in-process model: model_runner.get_model() unwraps CUDA-graph wrappers where the release has it."""
         target = self._llm
         try:
-            for attr in MODEL_PATH.split("."):
+            for attr in MODEL_RUNNER_PATH.split("."):
                 target = getattr(target, attr)
         except AttributeError:
             raise RuntimeError(
-                f"cannot reach the model at LLM.{MODEL_PATH} in vllm {self.version}; weights cannot be pushed in "
-                f"place (is VLLM_ENABLE_V1_MULTIPROCESSING=0 honoured by this release?)"
+                f"cannot reach the model runner at LLM.{MODEL_RUNNER_PATH} in vllm {self.version}; weights cannot be "
+                f"pushed in place (is VLLM_ENABLE_V1_MULTIPROCESSING=0 honoured by this release?)"
             ) from None
-        return target
+        return target.get_model() if hasattr(target, "get_model") else target.model
 
     def shutdown(self) -> None:
         self._llm = None
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: DataProto) -> DataProto:
-        self.residency.require_ready_to_generate()
+        params = self._sampling_for(prompts)
         cfg = self.config
-        params = resolve_sampling(cfg, prompts.meta_info, self.ctx.eos_token_ids)
-        if params.max_new_tokens > cfg.response_length:
-            raise ValueError(
-                f"max_new_tokens={params.max_new_tokens} exceeds actor_rollout_ref.rollout.response_length="
-                f"{cfg.response_length}"
-            )
         want_log_probs = bool(cfg.calculate_log_probs)
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -182,8 +147,4 @@ class VLLMRolloutEngine(RolloutEngine):
                 raise WeightSyncError(ENGINE, ["<reset_prefix_cache>"], "vLLM refused to reset the prefix cache")
         # complete: every checkpoint tensor was sent (a fused qkv / gate_up counts as loaded after one shard) and
         # every vLLM parameter was loaded
-        not_sent = sorted(self.expected_names - pushed) if self.expected_names is not None else []
-        not_loaded = sorted(self._param_names - loaded_total)
-        if (not_sent or not_loaded) and not self.residency.weights_current:
-            logger.warning("vllm: push left parameters unset: %s", (not_sent + not_loaded)[:6])
-        self.residency.mark_pushed(complete=not not_sent and not not_loaded)
+        self._finish_push(pushed, self._param_names - loaded_total)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Iterable, Iterator
 
@@ -126,20 +127,45 @@ def check_update_status(result: Any, engine: str, names: list[str], *, required:
         raise WeightSyncError(engine, names, message or "the engine reported failure without a message")
 
 
+def _checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]] | None:
+    """Name -> shape of every tensor of an HF safetensors checkpoint, read from the file headers only."""
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(model_path, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        return None
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in files:
+        with safe_open(os.path.join(model_path, name), framework="pt") as f:
+            shapes.update((key, tuple(f.get_slice(key).get_shape())) for key in f.keys())
+    return shapes
+
+
 def checkpoint_tensor_names(model_path: str) -> frozenset[str] | None:
-    """Parameter names stored in an HF safetensors checkpoint (read from headers only), None when unknown."""
+    """Parameter names stored in an HF safetensors checkpoint (the index, or one file's header), None when unknown."""
     index = os.path.join(model_path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
             names = set(json.load(f)["weight_map"])
-    elif os.path.isfile(os.path.join(model_path, "model.safetensors")):
-        from safetensors import safe_open
-
-        with safe_open(os.path.join(model_path, "model.safetensors"), framework="pt") as f:
-            names = set(f.keys())
     else:
-        return None
+        shapes = _checkpoint_shapes(model_path)
+        if shapes is None:
+            return None
+        names = set(shapes)
     return frozenset(n for n in names if not n.endswith(_NON_PARAMETER_SUFFIXES))
+
+
+def checkpoint_numel(model_path: str) -> int | None:
+    """Parameters stored in an HF safetensors checkpoint (headers only), None when unknown."""
+    shapes = _checkpoint_shapes(model_path)
+    if shapes is None:
+        return None
+    return sum(math.prod(shape) for name, shape in shapes.items() if not name.endswith(_NON_PARAMETER_SUFFIXES))
 
 
 def expected_push_names(model_path: str, tie_word_embeddings: bool) -> frozenset[str] | None:

@@ -1,8 +1,10 @@
 """The shared shape of verlx's `python -m ...` commands: Hydra composition, typed config, clean errors.
 
-Override keys are checked against the typed schema before Hydra runs (so a typo gets a did-you-mean rather than
-Hydra's bare "not in struct"), the composed config becomes the schema's dataclass, and the errors a user can act on
-are printed without a traceback: config errors exit with 2, training failures with 1.
+Hydra's flags (--cfg job, --info, -m, ...) are told from overrides by Hydra's own argument parser. Overrides of
+older veRL releases are upgraded with a warning, and override keys are checked against the typed schema before
+Hydra runs (so a typo gets a did-you-mean rather than Hydra's bare "not in struct"). The composed config becomes
+the schema's dataclass, and the errors a user can act on are printed without a traceback: config and data errors
+exit with 2, training failures with 1.
 """
 
 from __future__ import annotations
@@ -14,23 +16,43 @@ from typing import Callable
 import hydra
 from omegaconf import DictConfig
 
-from verlx.config.loader import CONFIG_DIR, ConfigError, build, check_override_keys, to_container
+from verlx.config.loader import (
+    CONFIG_DIR,
+    ConfigError,
+    DataError,
+    build,
+    check_override_keys,
+    to_container,
+    upgraded_overrides,
+)
+from verlx.utils.registry import UnknownNameError
 
-# Hydra's own flags that take the next argument as their value (e.g. --config-name ppo_megatron_trainer).
-_FLAGS_WITH_VALUE = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
+# Errors a user fixes in the command line, config or input files: the message alone, exit status 2.
+USER_ERRORS = (ConfigError, DataError, UnknownNameError)
+
+
+def split_command_line(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags, the key=value overrides) of a command line, read by Hydra's own argument parser.
+
+    The flags come back in a canonical form (`-c job` as `--cfg job`), so that flags and overrides may be written
+    in any order and the overrides can be rewritten before Hydra reads the command line again.
+    """
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    args = parser.parse_intermixed_args(argv)
+    flags = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or value is None or value == action.default:
+            continue
+        flags += [action.option_strings[0]] if action.nargs == 0 else [action.option_strings[0], str(value)]
+    return flags, list(args.overrides)
 
 
 def override_args(argv: list[str]) -> list[str]:
     """The key=value overrides of a command line, without Hydra's flags and their values."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in _FLAGS_WITH_VALUE:
-            skip = True
-        elif not arg.startswith("-"):
-            out.append(arg)
-    return out
+    return split_command_line(argv)[1]
 
 
 def hydra_command(config_name: str, schema: type, run: Callable, failures: tuple[type[BaseException], ...] = ()
@@ -41,7 +63,7 @@ def hydra_command(config_name: str, schema: type, run: Callable, failures: tuple
     def _hydra_main(cfg: DictConfig) -> None:
         try:
             run(build(schema, to_container(cfg)))
-        except ConfigError as e:
+        except USER_ERRORS as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
         except failures as e:
@@ -49,11 +71,16 @@ def hydra_command(config_name: str, schema: type, run: Callable, failures: tuple
             raise SystemExit(1) from None
 
     def main() -> None:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        flags, overrides = split_command_line(sys.argv[1:])
+        if "--info" not in flags:  # Hydra prints --info through logging, with its own handler
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
-            check_override_keys(override_args(sys.argv[1:]), config_name, schema)
+            if "--shell-completion" not in flags:  # its "overrides" are commands such as install=bash
+                overrides = upgraded_overrides(overrides, schema)
+                check_override_keys(overrides, config_name, schema)
+            sys.argv = [sys.argv[0], *flags, *overrides]
             _hydra_main()
-        except ConfigError as e:
+        except USER_ERRORS as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 

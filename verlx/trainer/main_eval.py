@@ -51,13 +51,13 @@ def default_output_path(data_path: str) -> str:
 
 def load_generations(config: EvaluationConfig) -> Generations:
     """Read and check the file: the columns exist, every row has a list of strings, n is constant per source."""
-    import pyarrow.parquet as pq
+    from verlx.data.parquet import read_parquet_table
 
     d = config.data
     path = _expand(d.path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data.path: file {d.path!r} does not exist (write one with main_generation)")
-    table = pq.read_table(path)
+    table = read_parquet_table(path)
     columns = table.column_names
     for key, name in (("data.response_key", d.response_key), ("data.data_source_key", d.data_source_key)):
         if name not in columns:

@@ -48,7 +48,7 @@ def default_output_path(data_path: str) -> str:
 def validate(config: GenerationConfig) -> None:
     """Every problem with the config at once, before Ray starts."""
     from verlx.data.rl_dataset import PROMPT_TRUNCATIONS
-    from verlx.rollout.base import ROLLOUT_ENGINES, _import_builtin_engines
+    from verlx.rollout.base import ROLLOUT_ENGINES
     from verlx.utils.registry import did_you_mean
 
     d, r, t = config.data, config.rollout, config.trainer
@@ -86,7 +86,6 @@ def validate(config: GenerationConfig) -> None:
     require(r.tensor_model_parallel_size >= 1 and world % r.tensor_model_parallel_size == 0,
             f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size} must divide the {world} workers "
             "(trainer.nnodes × trainer.n_gpus_per_node)")
-    _import_builtin_engines()
     if r.name != "auto" and r.name not in ROLLOUT_ENGINES:
         problems.append(f"rollout.name={r.name!r} is not a registered engine: {', '.join(ROLLOUT_ENGINES.names())}."
                         + did_you_mean(r.name, ROLLOUT_ENGINES.names()))
@@ -211,9 +210,9 @@ def write_output(table, responses: list[list[str]], config: GenerationConfig) ->
 
 def run_generation(config: GenerationConfig) -> str:
     """Validate, generate, write; returns the output path."""
-    import pyarrow.parquet as pq
     import ray
 
+    from verlx.data.parquet import read_parquet_table
     from verlx.rollout.base import resolve_engine_name
     from verlx.single_controller.ray import (
         RayClassWithInitArgs,
@@ -221,16 +220,19 @@ def run_generation(config: GenerationConfig) -> str:
         RayWorkerGroup,
     )
     from verlx.trainer.main_ppo import resolve_device, start_ray
+    from verlx.utils.hf_paths import resolve_model_paths
     from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from verlx.workers.tokenizer import load_tokenizer
 
+    resolve_model_paths([(f"model.{a}", config.model, a) for a in ("path", "tokenizer_path")])
     validate(config)
     config.rollout.name = resolve_engine_name(config.rollout.name)
     ppo_config = worker_config(config)
     use_gpu = resolve_device(ppo_config)
     m = config.model
-    tokenizer = load_tokenizer(_expand(m.tokenizer_path or m.path), m.trust_remote_code, m.custom_chat_template)
-    table = pq.read_table(_expand(config.data.path))
+    tokenizer = load_tokenizer(_expand(m.tokenizer_path or m.path), m.trust_remote_code, m.custom_chat_template,
+                               "model.tokenizer_path" if m.tokenizer_path else "model.path")
+    table = read_parquet_table(_expand(config.data.path))
     if config.data.max_samples > 0:
         table = table.slice(0, config.data.max_samples)
     if table.num_rows == 0:

@@ -10,7 +10,7 @@ import os
 
 from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import validate
+from verlx.config.validation import uses_critic, validate
 from verlx.reward.managers import RewardFailure
 from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
 from verlx.trainer.entrypoint import hydra_command
@@ -41,6 +41,17 @@ def check_greedy_baseline(config: PPOConfig) -> None:
                            f"baseline, which actor_rollout_ref.rollout.name={name} cannot do; use native or hf"])
 
 
+def resolve_hub_models(config: PPOConfig) -> None:
+    """Hub ids ("Qwen/Qwen2.5-0.5B-Instruct") in the model paths become local snapshot directories, once, here."""
+    from verlx.utils.hf_paths import resolve_model_paths
+
+    sections = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
+    if uses_critic(config):
+        sections.append(("critic.model", config.critic.model))
+    resolve_model_paths([(f"{key}.{attribute}", section, attribute) for key, section in sections
+                         for attribute in ("path", "tokenizer_path")])
+
+
 def prepare(config: PPOConfig):
     """Checks and builds everything the driver needs; no Ray, no GPU."""
     from verlx.data import build_dataloaders
@@ -50,13 +61,15 @@ def prepare(config: PPOConfig):
     from verlx.workers.tokenizer import load_tokenizer
 
     use_gpu = resolve_device(config)
+    resolve_hub_models(config)
     validate(config)
     rollout = config.actor_rollout_ref.rollout
     rollout.name = resolve_engine_name(rollout.name)
     check_greedy_baseline(config)
     check_loggers(config.trainer.loggers)
     model = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template)
+    tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
+                               "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path"))
     train_loader, val_loader = build_dataloaders(config, tokenizer)
     reward_fn = build_reward_manager(config, tokenizer)
     return use_gpu, tokenizer, train_loader, val_loader, reward_fn

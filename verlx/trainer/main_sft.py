@@ -10,7 +10,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from verlx.config.loader import build, load_yaml, to_container
+from verlx.config.loader import ConfigError, DataError, build, load_yaml, to_container
 from verlx.config.sft import SFTConfig, validate_sft
 
 
@@ -33,16 +33,29 @@ def _single_process_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
+def _check_tokenizer_files(cfg: SFTConfig) -> None:
+    """A model directory without a vocabulary is refused before any process group or device is touched."""
+    from verlx.workers.tokenizer import tokenizer_files_problem
+
+    if not cfg.model.trust_remote_code:
+        problem = tokenizer_files_problem(cfg.model.partial_pretrain, "model.partial_pretrain")
+        if problem is not None:
+            raise ConfigError([problem])
+
+
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
     """Train, save, validate; returns the final metrics (the same on every rank)."""
     import torch.distributed as dist
 
     from verlx.trainer.sft_trainer import SFTTrainer
     from verlx.utils.distributed import init_distributed
+    from verlx.utils.hf_paths import resolve_model_paths
 
     _single_process_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    resolve_model_paths([("model.partial_pretrain", cfg.model, "partial_pretrain")])
     validate_sft(cfg, int(os.environ["WORLD_SIZE"]))
+    _check_tokenizer_files(cfg)
     init_distributed()
     try:
         trainer = SFTTrainer(cfg, dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
@@ -52,7 +65,12 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_sft(load_sft_config(sys.argv[1:] if argv is None else argv))
+    """Config and data errors print their message alone and exit with 2 (on every rank that finds them)."""
+    try:
+        run_sft(load_sft_config(sys.argv[1:] if argv is None else argv))
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

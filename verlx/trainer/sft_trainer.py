@@ -133,7 +133,9 @@ def write_atomically(directory: str, write) -> None:
 
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig, rank: int, world_size: int, local_rank: int = 0):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from verlx.workers.tokenizer import checked_tokenizer
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = resolve_device(cfg.trainer.device, local_rank)
@@ -141,7 +143,7 @@ class SFTTrainer:
         torch.manual_seed(cfg.trainer.seed)
         m, d = cfg.model, cfg.data
         self.model_path = os.path.abspath(os.path.expanduser(m.partial_pretrain))
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=m.trust_remote_code)
+        self.tokenizer = checked_tokenizer(self.model_path, m.trust_remote_code, "model.partial_pretrain")
         self.eos_ids = stop_token_ids(self.model_path, self.tokenizer, m.trust_remote_code)
         self.save_dtype = checkpoint_dtype(self.model_path, m.trust_remote_code)
         lm = AutoModelForCausalLM.from_pretrained(

@@ -50,6 +50,7 @@ class Registry(Generic[T]):
         self.import_paths = import_paths
         self._entries: dict[str, T] = {}
         self._lazy: dict[str, str] = {}
+        self._imported: dict[str, T] = {}  # user 'module:Attribute' names: cached, not listed among the registered
 
     def register(self, name: str, *, override: bool = False) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -71,7 +72,9 @@ class Registry(Generic[T]):
         if name not in self._entries and name in self._lazy:
             self._entries[name] = import_object(self._lazy.pop(name), self.config_key)
         if name not in self._entries and self.import_paths and ":" in str(name):
-            self._entries[name] = import_object(name, self.config_key)
+            if name not in self._imported:
+                self._imported[name] = import_object(name, self.config_key)
+            return self._imported[name]
         try:
             return self._entries[name]
         except KeyError:

@@ -57,6 +57,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor_offload = self.ref_offload = None
         self.lora = False
         self.engine_weights_stale = True
+        self.engine_asleep_gb: float | None = None
 
     # ------------------------------------------------------------------ set-up
     @register(Dispatch.ONE_TO_ALL)
@@ -176,15 +177,16 @@ class ActorRolloutRefWorker(Worker):
             trust_remote_code=self.config.actor_rollout_ref.model.trust_remote_code,
         )
         self.set_dispatch_info("rollout", ctx.dp_rank, ctx.dp_size, ctx.tp_rank == 0)
+        used_before = self._device_used_bytes()
         self.engine = engine_cls(ctx)
         self.engine_ctx = ctx
         # Without an actor nothing pushes weights: the engine's own, loaded from model_path, are the ones to use.
         self.engine_weights_stale = self.is_actor
-        if rollout.free_cache_engine:
+        self.engine_asleep = bool(rollout.free_cache_engine)
+        if self.engine_asleep:
             self.engine.sleep()
-            self.engine_asleep = True
-        else:
-            self.engine_asleep = False
+            if used_before is not None:  # nothing else is on the device yet: the difference is the sleeping engine
+                self.engine_asleep_gb = (self._device_used_bytes() - used_before) / 2**30
 
     # ------------------------------------------------------------------ rollout
     def _push_weights(self) -> float:
@@ -220,10 +222,16 @@ class ActorRolloutRefWorker(Worker):
                     torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
                 self.engine.wake_up(("kv_cache",))
             gen_start = time.perf_counter()
-            if self.config.actor_rollout_ref.rollout.multi_turn.enable:
-                out = self._agent_runner().generate(self.engine, prompts)
-            else:
-                out = self.engine.generate(prompts)
+            try:
+                if self.config.actor_rollout_ref.rollout.multi_turn.enable:
+                    out = self._agent_runner().generate(self.engine, prompts)
+                else:
+                    out = self.engine.generate(prompts)
+            except Exception as e:
+                e.add_note(f"while the {self.engine_name} rollout engine of rank {self.rank} was generating (step "
+                           f"{prompts.meta_info.get('global_step', '?')}); checkpoints on disk are not touched by a "
+                           "failed step")
+                raise
             timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
             if self.config.actor_rollout_ref.rollout.free_cache_engine:
                 self.engine.sleep()
@@ -244,13 +252,18 @@ class ActorRolloutRefWorker(Worker):
                 self.engine_ctx.pad_token_id, self.config.data.apply_chat_template_kwargs)
         return self.agent_runner
 
-    def _asleep_memory(self) -> dict[str, float]:
-        """Device memory outside this worker's torch allocator once the engine sleeps: what the sleeping engine
-        keeps (its processes' contexts, CUDA graphs, pools) plus the CUDA/NCCL contexts; training memory excluded."""
-        if self.device.type != "cuda" or not self.engine_asleep:
-            return {}
+    def _device_used_bytes(self) -> int | None:
+        """Bytes in use on this worker's GPU by every process (engines may run their own), None on CPU."""
+        if self.device.type != "cuda":
+            return None
+        torch.cuda.synchronize(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
-        return {"rollout/engine_asleep_gb": (total - free - torch.cuda.memory_reserved(self.device)) / 2**30}
+        return total - free
+
+    def _asleep_memory(self) -> dict[str, float]:
+        """What the engine keeps on the GPU while it sleeps (its processes' contexts, CUDA graphs, pools), measured
+        when it was built: device memory in use after its first sleep minus before it was created."""
+        return {} if self.engine_asleep_gb is None else {"rollout/engine_asleep_gb": self.engine_asleep_gb}
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_batching(self, use_ref: bool):

@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 
 from verlx.protocol import DataProto
-from verlx.rollout.base import RolloutContext, RolloutEngine, build_rollout_batch, register_engine, resolve_sampling
+from verlx.rollout.base import RolloutContext, RolloutEngine, build_rollout_batch, resolve_sampling
 from verlx.rollout.native.architectures import model_spec
 from verlx.rollout.native.decode_ops import DECODE_BACKENDS, check_backend, select_backend
 from verlx.rollout.native.graphs import DecodeRunner
@@ -73,7 +73,6 @@ class NativeOptions:
         return opts
 
 
-@register_engine("native")
 class NativeEngine(RolloutEngine):
     """Pure-torch generation for HF Qwen2/Qwen3/Llama/Mistral checkpoints; see docs/rollout.md."""
 
