@@ -64,3 +64,38 @@ def test_tool_file_problem_names_file_and_entry_through_validate(tmp_path):
 
 def undocumented(x: int) -> int:
     return x
+
+
+def test_agent_names_and_prompt_room_are_checked_on_the_loaded_data(tmp_path):
+    from verlx.config.run import DataConfig
+    from verlx.data import RLHFDataset, write_parquet_atomic
+    from verlx.models.tiny import build_tokenizer
+    from verlx.rollout.agent.config_checks import agent_data_problems
+
+    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": f"{k}*3=?"}],
+             "agent_name": name, "reward_model": {"ground_truth": str(3 * k)}}
+            for k, name in enumerate(["tool_agent", "single_turn", "tool_agnet"])]
+    path = write_parquet_atomic(rows, str(tmp_path / "train.parquet"))
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - name: calculator\n")
+    tokenizer = build_tokenizer()
+
+    def problems(max_prompt_length, keep=3):
+        cfg = config(*ON, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                     f"data.max_prompt_length={max_prompt_length}")
+        dataset = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=max_prompt_length, return_raw_chat=True),
+                              max_samples=keep)
+        return agent_data_problems(cfg, tokenizer, dataset, "data.train_files")
+
+    found = problems(64)
+    assert len(found) == 1 and "data.train_files: column agent_name: unknown agent loop 'tool_agnet'" in found[0]
+    assert "Did you mean 'tool_agent'" in found[0]
+    assert problems(64, keep=2) == []  # the tiny model's template does not render tools: the prompt fits
+    tok_with_tools = build_tokenizer()
+    tok_with_tools.chat_template = "{{ tools | tojson }}" + tok_with_tools.chat_template
+    cfg = config(*ON, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}", "data.max_prompt_length=64")
+    dataset = RLHFDataset(path, tok_with_tools, DataConfig(max_prompt_length=512, return_raw_chat=True),
+                          max_samples=2)
+    found = agent_data_problems(cfg, tok_with_tools, dataset, "data.train_files")
+    assert len(found) == 1 and "rendered with the tools' schemas has" in found[0]
+    assert "data.max_prompt_length=64" in found[0]

@@ -73,3 +73,43 @@ def _name_problems(mt) -> list[str]:
         except ValueError as e:
             problems.append(f"{KEY}.tool_config_path: {e}")
     return problems
+
+
+def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -> list[str]:
+    """Problems of a loaded RLHFDataset for multi-turn rollouts, found before Ray starts: agent_name values that
+    are no agent loop, and prompts that do not fit data.max_prompt_length once rendered with the tools' schemas
+    (checked on the `longest` longest prompts). `which`: data.train_files or data.val_files."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable or dataset is None:
+        return []
+    from verlx.rollout.agent.chat import ChatCodec
+    from verlx.rollout.agent.loops import AGENT_LOOPS, AgentLoop
+    from verlx.rollout.agent.tool_config import load_tools
+
+    names = dataset.column("agent_name")
+    names = [mt.default_agent] * len(dataset) if names is None else [str(n) if n else mt.default_agent for n in names]
+    problems, tool_rows = [], []
+    for name in sorted(set(names)):
+        try:
+            cls = AGENT_LOOPS.get(name)
+        except (KeyError, ValueError) as e:
+            problems.append(f"{which}: column agent_name: {e}")
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
+            problems.append(f"{which}: column agent_name: {name} is not an AgentLoop subclass")
+        elif cls.uses_tools:
+            tool_rows += [i for i, n in enumerate(names) if n == name]
+    raw = dataset.column("raw_prompt")
+    if problems or not tool_rows or raw is None:
+        return problems
+    schemas = [t.schema for t in load_tools(mt.tool_config_path).values()] if mt.tool_config_path else None
+    codec = ChatCodec(tokenizer, schemas, cfg.data.apply_chat_template_kwargs, [])
+    lengths = dataset.prompt_lengths
+    limit = cfg.data.max_prompt_length
+    for i in sorted(tool_rows, key=lambda r: -lengths[r])[:longest]:
+        n = len(codec.prompt_ids([dict(m) for m in raw[i]]))
+        if n > limit:
+            problems.append(f"{which}: a prompt rendered with the tools' schemas has {n} tokens, more than "
+                            f"data.max_prompt_length={limit} (row {i} of the loaded data); raise data.max_prompt_length")
+            break
+    return problems
