@@ -10,6 +10,7 @@ rollout_log_probs on model tokens, and per-sample `multi_turn_*` columns the dri
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from typing import Any
 
@@ -166,7 +167,8 @@ class AgentLoopRunner:
         }
         if self.config.calculate_log_probs:
             lps = torch.zeros(len(parts), width, dtype=torch.float32)
-            lps[valid.bool()] = torch.tensor([x for p in parts for x in p[2]], dtype=torch.float32)
+            lps[valid.bool()] = torch.tensor(list(itertools.chain.from_iterable(p[2] for p in parts)),
+                                             dtype=torch.float32)
             batch["rollout_log_probs"] = lps * response_mask
         device = prompts.batch["input_ids"].device
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -200,7 +202,7 @@ def _pack(rows: list[list], width: int, pad: int, left: bool) -> tuple[torch.Ten
     cols = torch.arange(width)[None, :]
     mask = cols >= (width - lengths)[:, None] if left else cols < lengths[:, None]
     values = torch.full((len(rows), width), pad, dtype=torch.long)
-    values[mask] = torch.tensor([x for r in rows for x in r], dtype=torch.long)
+    values[mask] = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.long)
     return values, mask.long()
 
 

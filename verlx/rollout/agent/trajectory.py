@@ -8,6 +8,7 @@ so the trajectory ends at a turn boundary and `stop_reason` says why.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 # Why a sample's trajectory ended.
@@ -51,7 +52,7 @@ class Trajectory:
     @property
     def context_ids(self) -> list[int]:
         """Everything the model sees before its next turn."""
-        return self.prompt_ids + [t for s in self.segments for t in s.ids]
+        return list(itertools.chain(self.prompt_ids, *(s.ids for s in self.segments)))
 
     def add_model(self, ids: list[int], log_probs: list[float] | None) -> None:
         if len(ids) > self.remaining:
