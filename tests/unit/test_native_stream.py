@@ -164,3 +164,21 @@ def test_a_later_turn_reuses_the_parked_kv_and_gets_the_same_tokens(engine):
     assert plain_stream.reused_tokens == 0
     assert stream.reused_tokens > 0  # some second turns prefilled only their 5 new tokens
     assert stream.stats.prompt_tokens < plain_stream.stats.prompt_tokens
+
+
+def test_requests_with_the_same_prompt_share_one_prefill(engine):
+    prompts = ragged_prompts(2, 12, seed=9)
+    ids = token_lists(prompts)
+    seeds = [31, 32, 33, 34]
+    want_ids, want_lps = reference(engine, with_meta(prompts).repeat(2, interleave=True), seeds)
+    params = resolve_sampling(engine.config, {"temperature": 1.0}, [EOS])
+    stream, _ = engine.open_stream(params)
+    for k in range(4):  # rows 0, 1 share prompt 0; rows 2, 3 prompt 1
+        stream.submit(str(k), ids[k // 2], NEW, row_seed(seeds[k], 0))
+    got = {}
+    while stream.busy:
+        got.update({key: (t, lp) for key, t, lp in stream.step()})
+    for k in range(4):
+        assert got[str(k)][0] == want_ids[k]
+        assert got[str(k)][1] == pytest.approx(want_lps[k], abs=1e-5)
+    assert stream.stats.prompt_tokens == len(ids[0]) + len(ids[1])

@@ -141,20 +141,30 @@ class RequestStream(Scheduler):
         self.stats.prefill_s += time.perf_counter() - start
 
     def _prefill_rows(self, rows: list[int], slots: list[int]) -> None:
-        lens = [len(self.requests[r].ids) for r in rows]
-        length, dev = max(lens), self.device
-        tokens = torch.zeros(len(rows), length, dtype=torch.long)
-        for j, r in enumerate(rows):
-            tokens[j, : lens[j]] = torch.tensor(self.requests[r].ids)
-        tokens = tokens.to(dev)
+        """Prefill requests into their slots; requests with the same tokens (a prompt's n samples) share one."""
+        first: dict[tuple[int, ...], int] = {}
+        unique: list[list[int]] = []
+        owner_of = []
+        for r in rows:
+            key = tuple(self.requests[r].ids)
+            if key not in first:
+                first[key] = len(unique)
+                unique.append(self.requests[r].ids)
+            owner_of.append(first[key])
+        lens = [len(ids) for ids in unique]
+        dev = self.device
+        tokens = torch.zeros(len(unique), max(lens), dtype=torch.long)
+        for j, ids in enumerate(unique):
+            tokens[j, : lens[j]] = torch.tensor(ids)
         slot_t = torch.tensor(slots, device=dev)
-        owner = torch.arange(len(rows), device=dev)
-        hidden = self.model.forward_prompt(tokens, self.cache, slot_t, owner)
-        last = hidden[owner, torch.tensor(lens, device=dev) - 1]
+        owner = torch.tensor(owner_of, device=dev)
+        hidden = self.model.forward_prompt(tokens.to(dev), self.cache, slot_t, owner)
+        last = hidden[torch.arange(len(unique), device=dev), torch.tensor(lens, device=dev) - 1]
         seeds = torch.tensor([self.requests[r].seed for r in rows], dtype=torch.long, device=dev)
-        lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
-        self.state.start(slot_t, seeds, lens_t, self.model.logits(last), self.plan)
-        for row, slot, n in zip(rows, slots, lens):
+        row_lens = [len(self.requests[r].ids) for r in rows]
+        self.state.start(slot_t, seeds, torch.tensor(row_lens, dtype=torch.long, device=dev),
+                         self.model.logits(last).index_select(0, owner), self.plan)
+        for row, slot, n in zip(rows, slots, row_lens):
             self.slot_row[slot], self.slot_pos[slot], self.slot_gen[slot] = row, n, 1
         self.stats.prompt_tokens += sum(lens)
 
