@@ -4,6 +4,7 @@ mid-turn, a tool response over the budget and max turns."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -289,3 +290,25 @@ def test_a_wrong_delta_is_counted_as_mismatch_and_masked(tok, monkeypatch):
     assert batch.batch["response_mask"][1].sum().item() == len(enc(tok, "408<|im_end|>"))
     with pytest.raises(TemplateMismatchError, match="re-tokenisation"):
         run(tok, [turns], on_template_mismatch="error")
+
+
+def test_async_function_and_sandboxed_python_tools_run_on_the_event_loop(tok):
+    from verlx.rollout.agent.builtin_tools import PythonTool
+
+    async def lookup(city: str) -> str:
+        """Look a city up.
+
+        Args:
+            city: the city
+        """
+        await asyncio.sleep(0.01)
+        return f"{city}: 12 degrees"
+
+    tools = {"lookup": FunctionTool(lookup, schema_from_function(lookup)), "python": PythonTool({"wall_s": 10})}
+    assert tools["lookup"].is_async and tools["python"].is_async
+    scripts = [['<tool_call>\n{"name": "lookup", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>', "ok<|im_end|>"],
+               ['<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call><|im_end|>',
+                "42<|im_end|>"]]
+    batch, _, _ = run(tok, scripts, tools=tools)
+    assert [m[-2]["content"] for m in batch.non_tensor_batch["multi_turn_messages"]] == ["Oslo: 12 degrees", "42\n"]
+    assert list(batch.non_tensor_batch["multi_turn_tool_errors"]) == [0, 0]

@@ -85,8 +85,7 @@ class PythonTool(BaseTool):
     async def execute(self, arguments: dict, **tools_kwargs) -> ToolResult:
         result = await run_python(arguments["code"], self.limits)
         if result.timed_out:
-            return ToolResult(f"error: the code ran longer than {self.limits.wall_s:g} s and was stopped",
-                              error=True, metrics={"sandbox_timeout": 1.0})
+            return ToolResult(f"error: the code ran longer than {self.limits.wall_s:g} s and was stopped", error=True)
         text = result.stdout if result.ok else (result.stdout + result.stderr)
         if result.output_truncated:
             text += "\n...(output truncated)"

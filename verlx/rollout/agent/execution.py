@@ -97,7 +97,7 @@ class ToolExecutor:
         accepted = tool.context_parameters()
         if accepted is not None:
             tools_kwargs = {k: v for k, v in tools_kwargs.items() if k in accepted}
-        if asyncio.iscoroutinefunction(tool.execute) or getattr(tool, "is_async", False):
+        if tool.is_async:
             return await tool.execute(arguments, **tools_kwargs)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, lambda: tool.execute(arguments, **tools_kwargs))

@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import re
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from verlx.utils.registry import Registry
@@ -31,7 +31,6 @@ class ToolResult:
 
     text: str
     error: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class BaseTool:
@@ -48,6 +47,11 @@ class BaseTool:
     def context_parameters(self) -> set[str] | None:
         """Names this tool accepts from tools_kwargs; None: any."""
         return None
+
+    @property
+    def is_async(self) -> bool:
+        """Whether execute returns a coroutine (run on the event loop) rather than a value (run in a thread)."""
+        return asyncio.iscoroutinefunction(self.execute)
 
 
 class FunctionTool(BaseTool):

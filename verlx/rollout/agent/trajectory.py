@@ -11,9 +11,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-# Why a sample's trajectory ended.
-STOP_REASONS = ("answered", "length", "max_assistant_turns", "max_user_turns", "context_over_budget", "error")
-
 
 @dataclass
 class Segment:
@@ -28,7 +25,7 @@ class Trajectory:
     budget: int
     segments: list[Segment] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)  # the conversation, for tools, rewards and the check
-    stop_reason: str = ""
+    stop_reason: str = ""  # answered | length | max_assistant_turns | max_user_turns | context_over_budget | error
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
