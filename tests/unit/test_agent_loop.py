@@ -306,7 +306,8 @@ def test_async_function_and_sandboxed_python_tools_run_on_the_event_loop(tok):
 
     tools = {"lookup": FunctionTool(lookup, schema_from_function(lookup)), "python": PythonTool({"wall_s": 10})}
     assert tools["lookup"].is_async and tools["python"].is_async
-    scripts = [['<tool_call>\n{"name": "lookup", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>', "ok<|im_end|>"],
+    scripts = [['<tool_call>\n{"name": "lookup", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>',
+                "ok<|im_end|>"],
                ['<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call><|im_end|>',
                 "42<|im_end|>"]]
     batch, _, _ = run(tok, scripts, tools=tools)

@@ -110,6 +110,7 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
         n = len(codec.prompt_ids([dict(m) for m in raw[i]]))
         if n > limit:
             problems.append(f"{which}: a prompt rendered with the tools' schemas has {n} tokens, more than "
-                            f"data.max_prompt_length={limit} (row {i} of the loaded data); raise data.max_prompt_length")
+                            f"data.max_prompt_length={limit} (row {i} of the loaded data); raise "
+                            "data.max_prompt_length")
             break
     return problems
