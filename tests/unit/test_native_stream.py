@@ -121,15 +121,24 @@ def test_native_backend_serves_concurrent_coroutines(engine):
 
 
 def test_extend_prefill_matches_a_full_prefill(engine):
-    ids = token_lists(ragged_prompts(1, 14, seed=6))[0]
+    """Two sequences continued in one batched pass (different cached lengths and new lengths) give the hidden
+    states and K/V of a full prefill."""
+    a, b = token_lists(ragged_prompts(2, 14, seed=6))
+    b = (b * 3)[:12]
     cache, model = engine.cache, engine.model
     with torch.no_grad():
-        full = model.forward_prompt(torch.tensor([ids]), cache, torch.tensor([0]), torch.tensor([0]))[0, -1:]
-        model.forward_prompt(torch.tensor([ids[:9]]), cache, torch.tensor([1]), torch.tensor([0]))
-        extended = model.forward_extend(torch.tensor(ids[9:]), cache, 1, 9)
-        torch.testing.assert_close(model.logits(extended), model.logits(full), atol=1e-5, rtol=0)
-        torch.testing.assert_close(cache.data[:, :, 1, :, : len(ids)], cache.data[:, :, 0, :, : len(ids)],
-                                   atol=1e-5, rtol=0)
+        full = [model.forward_prompt(torch.tensor([ids]), cache, torch.tensor([slot]), torch.tensor([0]))[0, -1]
+                for ids, slot in ((a, 0), (b, 1))]
+        model.forward_prompt(torch.tensor([a[:9]]), cache, torch.tensor([2]), torch.tensor([0]))
+        model.forward_prompt(torch.tensor([b[:4]]), cache, torch.tensor([3]), torch.tensor([0]))
+        new = torch.zeros(2, 8, dtype=torch.long)
+        new[0, : len(a) - 9], new[1, : len(b) - 4] = torch.tensor(a[9:]), torch.tensor(b[4:])
+        hidden = model.forward_extend(new, torch.tensor([len(a) - 9, len(b) - 4]), torch.tensor([9, 4]), cache,
+                                      torch.tensor([2, 3]))
+        torch.testing.assert_close(model.logits(hidden), model.logits(torch.stack(full)), atol=1e-5, rtol=0)
+        for extended, reference, n in ((2, 0, len(a)), (3, 1, len(b))):
+            torch.testing.assert_close(cache.data[:, :, extended, :, :n], cache.data[:, :, reference, :, :n],
+                                       atol=1e-5, rtol=0)
 
 
 def test_a_later_turn_reuses_the_parked_kv_and_gets_the_same_tokens(engine):

@@ -98,8 +98,10 @@ class RequestStream(Scheduler):
         self.state.release(torch.tensor([slot], device=self.device))
 
     def _admit_continuations(self) -> None:
-        """Waiting requests whose previous turn is parked with a prefix of their ids: prefill the new tokens only."""
+        """Waiting requests whose previous turn is parked with a prefix of their ids: one batched prefill of the
+        new tokens only, into the parked slots."""
         start = time.perf_counter()
+        rows, slots, cached_lens = [], [], []
         for row in [r for r in self.waiting if self.requests[r].reuse in self.parked]:
             request = self.requests[row]
             slot, cached = self.parked.pop(request.reuse)
@@ -107,16 +109,31 @@ class RequestStream(Scheduler):
                 self.state.release(torch.tensor([slot], device=self.device))
                 continue
             self.waiting.remove(row)
-            new = torch.tensor(request.ids[len(cached):], device=self.device)
-            hidden = self.model.forward_extend(new, self.cache, slot, len(cached))
-            slot_t = torch.tensor([slot], device=self.device)
-            self.state.start(slot_t, torch.tensor([request.seed], device=self.device),
-                             torch.tensor([len(request.ids)], device=self.device), self.model.logits(hidden),
-                             self.plan)
-            self.slot_row[slot], self.slot_pos[slot], self.slot_gen[slot] = row, len(request.ids), 1
-            self.stats.prompt_tokens += len(new)
-            self.reused_tokens += len(cached)
+            rows.append(row)
+            slots.append(slot)
+            cached_lens.append(len(cached))
+        if rows:
+            self._extend_rows(rows, slots, cached_lens)
         self.stats.prefill_s += time.perf_counter() - start
+
+    def _extend_rows(self, rows: list[int], slots: list[int], cached_lens: list[int]) -> None:
+        new = [self.requests[r].ids[n:] for r, n in zip(rows, cached_lens)]
+        dev = self.device
+        tokens = torch.zeros(len(rows), max(len(x) for x in new), dtype=torch.long)
+        for j, ids in enumerate(new):
+            tokens[j, : len(ids)] = torch.tensor(ids)
+        slot_t = torch.tensor(slots, device=dev)
+        lengths = torch.tensor([len(x) for x in new], device=dev)
+        hidden = self.model.forward_extend(tokens.to(dev), lengths, torch.tensor(cached_lens, device=dev), self.cache,
+                                           slot_t)
+        seeds = torch.tensor([self.requests[r].seed for r in rows], dtype=torch.long, device=dev)
+        row_lens = [len(self.requests[r].ids) for r in rows]
+        self.state.start(slot_t, seeds, torch.tensor(row_lens, dtype=torch.long, device=dev),
+                         self.model.logits(hidden), self.plan)
+        for row, slot, n in zip(rows, slots, row_lens):
+            self.slot_row[slot], self.slot_pos[slot], self.slot_gen[slot] = row, n, 1
+        self.stats.prompt_tokens += int(lengths.sum())
+        self.reused_tokens += sum(cached_lens)
 
     def _compact(self) -> None:
         """Parked slots among the holes compaction fills are given up first."""
