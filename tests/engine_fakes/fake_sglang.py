@@ -4,6 +4,7 @@ sessions and their (success, message) statuses, MultiprocessingSerializer / Loca
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import multiprocessing as mp
 import os
@@ -92,6 +93,8 @@ class FakeSGLang:
     start_error: str | None = None
     requires_session: bool = False
     undo: Any = None
+    #: (prompt ids, sample index, sampling params) -> (tokens, log-probs, finish reason); tests may script it
+    completion: Any = fake_completion
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -109,6 +112,7 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
             mp.set_start_method("spawn", force=True)
             self.kwargs = kwargs
+            self.loop = asyncio.new_event_loop()  # like Engine: the loop its sync methods run on
             self.released: set[str] = set()
             self.session_open = False
             self.received: list[list[tuple[str, Any]]] = []
@@ -121,7 +125,7 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             outputs = []
             for p in input_ids:
                 for s in range(sampling_params.get("n", 1)):
-                    tokens, lps, reason = fake_completion(p, s, sampling_params)
+                    tokens, lps, reason = state.completion(p, s, sampling_params)
                     finish = {"type": reason}
                     if len(outputs) in state.abort_samples:
                         finish = {"type": "abort", "message": state.abort_samples[len(outputs)]}
@@ -131,6 +135,23 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
                         meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(lps, tokens)]
                     outputs.append({"text": "", "output_ids": tokens, "meta_info": meta})
             return outputs
+
+        async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
+                                 **kwargs):
+            """One request (input_ids: list[int]) → one output dict, like Engine.async_generate; it must run on
+            the engine's own loop (the tokenizer manager is bound to it)."""
+            state.calls.append(("async_generate", list(input_ids), dict(sampling_params), return_logprob))
+            if asyncio.get_running_loop() is not self.loop:
+                raise RuntimeError("async_generate awaited outside the engine's event loop")
+            if self.released:
+                raise RuntimeError(f"generate while {sorted(self.released)} are released")
+            await asyncio.sleep(0)
+            tokens, lps, reason = state.completion(list(input_ids), 0, sampling_params)
+            meta = {"id": f"a{len(state.calls)}", "prompt_tokens": len(input_ids), "completion_tokens": len(tokens),
+                    "cached_tokens": 0, "finish_reason": {"type": reason}}
+            if return_logprob:
+                meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(lps, tokens)]
+            return {"text": "", "output_ids": tokens, "meta_info": meta}
 
         def release_memory_occupation(self, tags=None):
             tags = list(GPU_MEMORY_ALL_TYPES) if tags is None else list(tags)

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from types import SimpleNamespace
 from typing import Any, TypedDict
 
@@ -69,7 +70,15 @@ class TokensPrompt(TypedDict):
     prompt_token_ids: list[int]
 
 
+class RequestOutputKind(Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 class SamplingParams:
+    output_kind = RequestOutputKind.CUMULATIVE
+
     def __init__(self, n=1, max_tokens=16, min_tokens=0, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=None,
                  stop_token_ids=None, ignore_eos=False, logprobs=None, detokenize=True, skip_special_tokens=True):
         self.kwargs = dict(n=n, max_tokens=max_tokens, min_tokens=min_tokens, temperature=temperature, top_p=top_p,
@@ -151,9 +160,56 @@ class FakeVLLM:
     reset_answer: bool = True
     stays_asleep: bool = False
     undo: Any = None
+    #: (prompt ids, sample index, {"max_new_tokens", "stop_token_ids"}) -> (tokens, log-probs, finish reason)
+    completion: Any = fake_completion
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
+
+
+def _engine_class(state: FakeVLLM, llm) -> type:
+    class LLMEngine:
+        """add_request / step / abort_request of vLLM's LLMEngine: a request finishes after 1 + len(tokens) % 3
+        steps (so requests overtake each other); step returns only finished ones under FINAL_ONLY."""
+
+        def __init__(self, model_executor):
+            self.model_executor = model_executor
+            self.running: dict[str, list] = {}
+
+        def add_request(self, request_id, prompt, params, **kwargs):
+            if not isinstance(request_id, str):
+                raise TypeError(f"request_id must be a string, got {type(request_id)}")
+            if llm.sleeping:
+                raise RuntimeError(f"add_request while {sorted(llm.sleeping)} sleep")
+            sp = params.kwargs
+            state.calls.append(("add_request", request_id, list(prompt["prompt_token_ids"]), dict(sp),
+                                params.output_kind))
+            rule = {"max_new_tokens": sp["max_tokens"], "stop_token_ids": sp["stop_token_ids"]}
+            tokens, lps, reason = state.completion(list(prompt["prompt_token_ids"]), 0, rule)
+            logprobs = [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)] if sp["logprobs"] is not None else None
+            out = RequestOutput(request_id, None, list(prompt["prompt_token_ids"]), None,
+                                [CompletionOutput(0, "", tokens, sum(lps), logprobs, reason, None)], True)
+            self.running[request_id] = [1 + len(tokens) % 3, out, params.output_kind]
+
+        def step(self):
+            state.calls.append(("step", sorted(self.running)))
+            finished = []
+            for request_id, entry in list(self.running.items()):
+                entry[0] -= 1
+                if entry[0] == 0:
+                    finished.append(entry[1])
+                    del self.running[request_id]
+            return finished
+
+        def has_unfinished_requests(self):
+            return bool(self.running)
+
+        def abort_request(self, request_ids, internal=False):
+            state.calls.append(("abort_request", list(request_ids)))
+            for request_id in request_ids:
+                self.running.pop(request_id, None)
+
+    return LLMEngine
 
 
 def _llm_class(state: FakeVLLM) -> type:
@@ -167,7 +223,7 @@ def _llm_class(state: FakeVLLM) -> type:
             if Version(state.version).release >= (0, 26):  # seen in 0.26.0: get_model() unwraps CUDA-graph wrappers
                 runner = SimpleNamespace(model=("a CUDAGraphWrapper",), get_model=lambda: self.model)
             worker = SimpleNamespace(worker=SimpleNamespace(model_runner=runner))
-            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+            self.llm_engine = _engine_class(state, self)(SimpleNamespace(driver_worker=worker))
             self.sleeping: set[str] = set()
             state.llms.append(self)
 
@@ -181,7 +237,7 @@ def _llm_class(state: FakeVLLM) -> type:
                 completions = []
                 for s in range(sp["n"]):
                     rule = {"max_new_tokens": sp["max_tokens"], "stop_token_ids": sp["stop_token_ids"]}
-                    tokens, lps, reason = fake_completion(p["prompt_token_ids"], s, rule)
+                    tokens, lps, reason = state.completion(p["prompt_token_ids"], s, rule)
                     if sample in state.abort_samples:
                         reason = "abort"
                     logprobs = None
@@ -222,6 +278,8 @@ def install_fake_vllm(version: str, dist_dir: str) -> FakeVLLM:
         "vllm": module("vllm", LLM=_llm_class(state), SamplingParams=SamplingParams, EngineArgs=EngineArgs,
                        __version__=version),
         "vllm.inputs": module("vllm.inputs", TokensPrompt=TokensPrompt),
+        "vllm.sampling_params": module("vllm.sampling_params", SamplingParams=SamplingParams,
+                                       RequestOutputKind=RequestOutputKind),
         "vllm.outputs": module("vllm.outputs", RequestOutput=RequestOutput, CompletionOutput=CompletionOutput),
         "vllm.logprobs": module("vllm.logprobs", Logprob=Logprob),
     }

@@ -122,3 +122,17 @@ def test_reward_overhead_runs_and_counts_the_hung_samples(tmp_path):
     assert result["hung"]["samples"] == 2 and result["hung"]["timeouts"] == 2
     assert result["pool_s"]["median"] > 0 and result["driver_s"]["median"] > 0
     assert "2 hung samples, reward.timeout_s=1" in proc.stdout
+
+
+def test_agent_loop_gpu_smoke_runs_multi_turn_grpo_on_cpu(tmp_path):
+    """The multi-turn benchmark's CPU mode: every sample makes its calculator calls (the benchmark loop calls for
+    the random-weight model), turns and calls per step are logged, no trajectory disagrees with the template."""
+    proc = _run([sys.executable, "benchmarks/agent_loop_gpu.py", "--device", "cpu", "--shape", "tiny", "--steps", "1",
+                 "--prompts", "2", "--n", "2", "--tool-turns", "2", "--turn-tokens", "4"], tmp_path)
+    rows = [json.loads(line) for line in open(tmp_path / "agent_loop_metrics.jsonl")]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["multi_turn/num_turns/mean"] == 3 and row["tool/calls/mean"] == 2
+    assert row["tool/errors"] == 0 and row["multi_turn/template_mismatch"] == 0
+    assert row["timing_s/gen"] > 0
+    assert "| 1 | 3 | 2 |" in proc.stdout

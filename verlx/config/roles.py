@@ -98,6 +98,21 @@ class EngineKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    enable: bool = False
+    max_assistant_turns: int | None = 5
+    max_user_turns: int | None = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    tool_timeout_s: float = 30.0
+    tool_config_path: str | None = None
+    format: str = "hermes"
+    default_agent: str = "single_turn"
+    on_template_mismatch: str = "mask"
+
+
+@dataclass
 class RolloutConfig:
     name: str = "auto"
     mode: str = "sync"
@@ -131,6 +146,7 @@ class RolloutConfig:
     sleep_level: int = 1
     multi_stage_wake_up: bool = True
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
 
 

@@ -370,6 +370,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
 
         f.problems += megatron_problems(cfg, world_size or world_size_of(cfg))
     if not f.problems:
+        from verlx.rollout.agent.config_checks import multi_turn_problems
+
+        f.problems += multi_turn_problems(cfg)
+    if not f.problems:
         check_algorithm(cfg, f)
         check_batch_arithmetic(cfg, f, world_size or world_size_of(cfg))
         check_sequence_parallel(cfg, f, world_size or world_size_of(cfg))

@@ -254,6 +254,11 @@ class RLHFDataset:
         """Token count of every kept prompt (after truncation)."""
         return self._lengths.copy()
 
+    def column(self, key: str) -> np.ndarray | None:
+        """A non-tensor column of the kept rows (e.g. agent_name), None when the files have no such column."""
+        values = self._non_tensor.get(key)
+        return None if values is None else values.copy()
+
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
         return len(self._lengths)

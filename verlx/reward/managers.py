@@ -228,6 +228,11 @@ class NaiveRewardManager:
             )
         reward_models = nt.get("reward_model", [None] * len(texts))
         extra_infos = nt.get("extra_info", [None] * len(texts))
+        if "multi_turn_messages" in nt:  # agent-loop rollouts: the conversation with the tool results
+            extra_infos = [{**(info if isinstance(info, dict) else {}), "multi_turn": {
+                "messages": list(nt["multi_turn_messages"][i]), "num_turns": int(nt["multi_turn_num_turns"][i]),
+                "tool_calls": int(nt["multi_turn_tool_calls"][i]), "stop_reason": str(nt["multi_turn_stop_reason"][i])}}
+                for i, info in enumerate(extra_infos)]
         return [
             dict(
                 data_source=source,

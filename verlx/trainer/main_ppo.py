@@ -60,8 +60,20 @@ def prepare(config: PPOConfig):
     tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
                                "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path"))
     train_loader, val_loader = build_dataloaders(config, tokenizer)
+    check_agent_data(config, tokenizer, train_loader, val_loader)
     reward_fn = build_reward_manager(config, tokenizer)
     return use_gpu, tokenizer, train_loader, val_loader, reward_fn
+
+
+def check_agent_data(config: PPOConfig, tokenizer, train_loader, val_loader) -> None:
+    """Multi-turn: the data's agent loops exist and their prompts fit with the tools' schemas (rc 2 otherwise)."""
+    from verlx.rollout.agent.config_checks import agent_data_problems
+
+    problems = agent_data_problems(config, tokenizer, train_loader.dataset, "data.train_files")
+    if val_loader is not None:
+        problems += agent_data_problems(config, tokenizer, val_loader.dataset, "data.val_files")
+    if problems:
+        raise ConfigError(problems)
 
 
 def run_ppo(config: PPOConfig) -> dict[str, float]:

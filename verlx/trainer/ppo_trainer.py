@@ -16,6 +16,7 @@ from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
+from verlx.rollout.agent.metrics import agent_input_keys, multi_turn_metrics
 from verlx.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -265,7 +266,7 @@ class RayPPOTrainer:
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch = batch.repeat(cfg.actor_rollout_ref.rollout.n, interleave=True)
         with timed("gen", timing):
-            gen_out = self._generate(batch.select(list(GEN_INPUTS), [], []), do_sample=True)
+            gen_out = self._generate(self._gen_inputs(batch), do_sample=True)
         metrics.update(gen_out.meta_info.pop("timing", {}))
         for key, value in gen_out.meta_info.pop("metrics", {}).items():  # DAPO may generate more than once
             metrics[key] = max(value, metrics.get(key, value))
@@ -274,6 +275,7 @@ class RayPPOTrainer:
                 batch.batch["reward_baselines"] = self._greedy_baseline(batch)
         batch.pop(batch_keys=list(GEN_INPUTS))
         batch.union(gen_out)
+        metrics.update(multi_turn_metrics(batch))
         with timed("reward", timing):
             result = self.reward_fn(batch)
             batch.batch["token_level_scores"] = result.token_level_scores
@@ -306,6 +308,11 @@ class RayPPOTrainer:
         metrics["batch/num_gen_batches"] = float(rounds)
         return kept[:wanted]
 
+    def _gen_inputs(self, batch: DataProto) -> DataProto:
+        """The prompt tensors, plus the columns the agent loop reads when multi_turn is on."""
+        enabled = self.config.actor_rollout_ref.rollout.multi_turn.enable
+        return batch.select(list(GEN_INPUTS), agent_input_keys(batch, enabled), [])
+
     def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:
         gen_batch.meta_info.update({"do_sample": do_sample, "global_step": self.global_step,
                                     "seed": self.config.actor_rollout_ref.rollout.seed + self.global_step})
@@ -315,7 +322,7 @@ class RayPPOTrainer:
         """REMAX: the reward of one greedy response per prompt, the baseline of that prompt's sampled responses."""
         n = self.config.actor_rollout_ref.rollout.n
         prompts = batch[torch.arange(0, len(batch), n)]  # rows are interleaved: one row per prompt
-        gen_out = self._generate(prompts.select(list(GEN_INPUTS), [], []), do_sample=False)
+        gen_out = self._generate(self._gen_inputs(prompts), do_sample=False)
         gen_out.meta_info.pop("timing", None)
         gen_out.meta_info.pop("metrics", None)
         greedy = prompts.select(batch_keys=[], non_tensor_batch_keys=None, meta_info_keys=[])

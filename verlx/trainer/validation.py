@@ -12,6 +12,7 @@ from collections import defaultdict
 import numpy as np
 
 from verlx.reward.managers import RewardFailure
+from verlx.rollout.agent.metrics import agent_input_keys
 from verlx.trainer.generation_dump import generation_records, write_jsonl
 from verlx.utils.paths import expand_path
 
@@ -37,7 +38,8 @@ class Validator:
         records: list[dict] = []
         for batch in loader:
             batch = batch.repeat(n, interleave=True)
-            gen_in, pad = batch.select(list(GEN_INPUTS), [], []).pad_to_divisor(self.world_size)
+            keys = agent_input_keys(batch, self.config.actor_rollout_ref.rollout.multi_turn.enable)
+            gen_in, pad = batch.select(list(GEN_INPUTS), keys, []).pad_to_divisor(self.world_size)
             # rows are already repeated n times: one sample per row
             gen_in.meta_info.update({"validate": True, "n": 1, "do_sample": val_kwargs.do_sample,
                                      "seed": self.config.actor_rollout_ref.rollout.seed})

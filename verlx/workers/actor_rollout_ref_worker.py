@@ -183,7 +183,10 @@ class ActorRolloutRefWorker(Worker):
                 self.engine.wake_up(("kv_cache",))
             gen_start = time.perf_counter()
             try:
-                out = self.engine.generate(prompts)
+                if self.config.actor_rollout_ref.rollout.multi_turn.enable:
+                    out = self._agent_runner().generate(self.engine, prompts)
+                else:
+                    out = self.engine.generate(prompts)
             except Exception as e:
                 e.add_note(f"while the {self.engine_name} rollout engine of rank {self.rank} was generating (step "
                            f"{prompts.meta_info.get('global_step', '?')}); checkpoints on disk are not touched by a "
@@ -198,6 +201,16 @@ class ActorRolloutRefWorker(Worker):
         # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
         out.meta_info["metrics"] = {**phase_metrics("gen", self.hf_config, [], timer), **self._asleep_memory()}
         return out
+
+    def _agent_runner(self):
+        """Multi-turn rollouts: the agent-loop runner (tools loaded once per worker); docs/multi_turn.md."""
+        if getattr(self, "agent_runner", None) is None:
+            from verlx.rollout.agent.runner import AgentLoopRunner
+
+            self.agent_runner = AgentLoopRunner(
+                self.config.actor_rollout_ref.rollout, self.tokenizer, self.engine_ctx.eos_token_ids,
+                self.engine_ctx.pad_token_id, self.config.data.apply_chat_template_kwargs)
+        return self.agent_runner
 
     def _device_used_bytes(self) -> int | None:
         """Bytes in use on this worker's GPU by every process (engines may run their own), None on CPU."""

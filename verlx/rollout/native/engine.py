@@ -23,6 +23,7 @@ from verlx.rollout.native.rope import rope_tables
 from verlx.rollout.native.sampling import SAMPLERS, build_sampler, plan_from_params, row_seed
 from verlx.rollout.native.scheduler import Scheduler, SchedulerConfig
 from verlx.rollout.native.slots import SlotState
+from verlx.rollout.native.stream import RequestStream
 from verlx.rollout.native.weights import WeightStore, iter_checkpoint
 from verlx.utils.registry import did_you_mean
 
@@ -212,13 +213,7 @@ class NativeEngine(RolloutEngine):
         lens = self._validate_prompts(input_ids, prompts.batch["attention_mask"].to(self.device), plan.max_new_tokens)
         seeds = self._row_seeds(prompts, params.n, params.seed)
         self._calls += 1
-        scheduler = Scheduler(self.model, self.cache, self.state, self.runner, SchedulerConfig(
-            max_num_batched_tokens=int(self.config.max_num_batched_tokens),
-            sync_interval=self.options.sync_interval,
-            refill_fraction=self.options.refill_fraction,
-            kv_len_block=self.options.kv_len_block,
-            weight_bytes_per_step=self._weight_bytes_per_step(),
-        ))
+        scheduler = Scheduler(self.model, self.cache, self.state, self.runner, self._scheduler_config())
         with torch.no_grad():
             tokens, logprobs, lengths, stats = scheduler.generate(input_ids, lens, params.n, plan, seeds)
         self.last_stats = stats.as_dict()
@@ -226,6 +221,27 @@ class NativeEngine(RolloutEngine):
         mask = torch.arange(response_len, device=lengths.device)[None, :] < lengths[:, None]
         log_probs = logprobs.to(out) if self.config.calculate_log_probs else None
         return build_rollout_batch(prompts, tokens.to(out), mask.to(out), log_probs, params.n)
+
+    def _scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_batched_tokens=int(self.config.max_num_batched_tokens),
+            sync_interval=self.options.sync_interval,
+            refill_fraction=self.options.refill_fraction,
+            kv_len_block=self.options.kv_len_block,
+            weight_bytes_per_step=self._weight_bytes_per_step(),
+        )
+
+    def open_stream(self, params) -> tuple[RequestStream, int]:
+        """A RequestStream for requests that arrive one by one (multi-turn rollouts), with the sampling settings
+        of `params` (each request brings its own max_new_tokens), and the base seed of this call's requests."""
+        self._require_ready()
+        plan = plan_from_params(dataclasses.replace(params, n=1, max_new_tokens=int(self.config.response_length)))
+        self._calls += 1
+        base = int(params.seed) if params.seed is not None else row_seed(int(self.config.seed) + self.ctx.dp_rank,
+                                                                          self._calls)
+        stream = RequestStream(self.model, self.cache, self.state, self.runner, self._scheduler_config(), plan,
+                               self.spec.vocab_size)
+        return stream, base
 
     def _require_ready(self) -> None:
         if not self.weights.is_allocated or self.cache is None:

@@ -116,6 +116,42 @@ class NativeModel:
             h = self._finish_layer(h, attn, lw, TorchDecodeOps)
         return h.view(b, length, -1)
 
+    def forward_extend(self, tokens: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, cache: KVCache,
+                       slots: torch.Tensor) -> torch.Tensor:
+        """Continue sequences already in the cache (a later turn of a conversation): row i's first lengths[i]
+        tokens of tokens [b, m] (right-padded) go to positions starts[i].. of slots[i], whose positions
+        0..starts[i]-1 hold its earlier keys and values. Writes their K/V; returns each row's last hidden state
+        [b, hidden]. One batched pass: every row attends causally over its own slot's prefix and new tokens."""
+        s = self.spec
+        b, m = tokens.shape
+        dev = tokens.device
+        cols = torch.arange(m, device=dev)
+        qpos = (starts[:, None] + cols[None, :]).clamp(max=self.cos.shape[0] - 1)  # [b, m]; padding clamped
+        valid = cols[None, :] < lengths[:, None]
+        total = int((starts + lengths).max())
+        kpos = self.key_positions[:total]
+        mask = (kpos[None, None, :] <= qpos[:, :, None])[:, None]  # [b, 1, m, total]
+        write_slot, write_pos = slots[:, None].expand(b, m)[valid], qpos[valid]
+        h = F.embedding(tokens.reshape(-1), self.weights.params["embed"])
+        cos = self.cos[qpos.reshape(-1)][:, None, :]
+        sin = self.sin_signed[qpos.reshape(-1)][:, None, :]
+        for i in range(s.num_layers):
+            lw = self.weights.layer(i)
+            q, k, v = self._project_qkv(rms_norm(h, lw["in_norm"], s.rms_norm_eps), lw, cos, sin)
+            keys, values = cache.layer(i)
+            keys[write_slot, :, write_pos] = k.view(b, m, -1, s.head_dim)[valid]
+            values[write_slot, :, write_pos] = v.reshape(b, m, -1, s.head_dim)[valid]
+            window = s.sliding_windows[i]
+            layer_mask = mask if window is None else mask & (qpos[:, None, :, None] - kpos < window)
+            attn = F.scaled_dot_product_attention(
+                q.view(b, m, -1, s.head_dim).transpose(1, 2),
+                keys.index_select(0, slots)[:, :, :total].repeat_interleave(s.group_size, dim=1),
+                values.index_select(0, slots)[:, :, :total].repeat_interleave(s.group_size, dim=1),
+                attn_mask=layer_mask,
+            )
+            h = self._finish_layer(h, attn.transpose(1, 2).reshape(b * m, -1), lw, TorchDecodeOps)
+        return h.view(b, m, -1)[torch.arange(b, device=dev), lengths - 1]
+
     def score(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits of every position of unpadded sequences [b, L] -> [b, L, vocab] (tests and debugging)."""
         return self.logits(self.forward_prompt(tokens))

@@ -1,0 +1,101 @@
+"""multi_turn config: the keys compose from the YAML, and every bad value is reported before Ray starts,
+naming the key (and, for the tool file, the file and entry)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from verlx.config.loader import ConfigError, build, load_yaml, to_container
+from verlx.config.schema import PPOConfig
+from verlx.config.validation import validate
+from verlx.rollout.agent.config_checks import multi_turn_problems
+
+ON = ["actor_rollout_ref.rollout.multi_turn.enable=true", "data.return_raw_chat=true",
+      "actor_rollout_ref.rollout.name=native"]
+
+
+def config(*overrides):
+    return build(PPOConfig, to_container(load_yaml(overrides=list(overrides))))
+
+
+def test_defaults_follow_verl_layout():
+    mt = config().actor_rollout_ref.rollout.multi_turn
+    assert (mt.enable, mt.max_assistant_turns, mt.max_parallel_calls, mt.max_tool_response_length, mt.format,
+            mt.tool_config_path, mt.default_agent) == (False, 5, 1, 256, "hermes", None, "single_turn")
+    assert multi_turn_problems(config()) == []
+    assert multi_turn_problems(config(*ON)) == []
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.rollout.name=hf", "rollout.name=hf cannot; use native"),
+    ("data.return_raw_chat=false", "needs data.return_raw_chat=true"),
+    ("actor_rollout_ref.rollout.multi_turn.format=hermez", "unknown tool-call format 'hermez'.*Did you mean 'hermes'"),
+    ("actor_rollout_ref.rollout.multi_turn.default_agent=tool_agnt", "unknown agent loop 'tool_agnt'"),
+    ("actor_rollout_ref.rollout.multi_turn.default_agent=no.such:Loop", "default_agent: .*cannot import Loop"),
+    ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=0", "max_assistant_turns=0 must be >= 1"),
+    ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=0", "max_parallel_calls=0 must be >= 1"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_timeout_s=0", "tool_timeout_s=0.0 must be > 0"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=up", "truncate_side='up' is not one of"),
+    ("actor_rollout_ref.rollout.multi_turn.on_template_mismatch=ignore", "on_template_mismatch='ignore' is not"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_config_path=/nonexistent/tools.yaml",
+     "tool_config_path: .*'/nonexistent/tools.yaml' does not exist"),
+])
+def test_bad_values_are_named(override, message):
+    problems = multi_turn_problems(config(*ON, override))
+    assert len(problems) == 1, problems
+    assert re.search(message, problems[0]), problems[0]
+
+
+def test_vllm_tensor_parallel_is_refused():
+    problems = multi_turn_problems(config(*ON, "actor_rollout_ref.rollout.name=vllm",
+                                          "actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
+    assert problems and "tensor_model_parallel_size=1" in problems[0]
+
+
+def test_tool_file_problem_names_file_and_entry_through_validate(tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - name: calculator\n  - function: tests.unit.test_agent_config:undocumented\n")
+    with pytest.raises(ConfigError) as e:
+        validate(config(*ON, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path}"), check_files=False)
+    assert f"{path}: tools[1]" in str(e.value) and "docstring" in str(e.value)
+
+
+def undocumented(x: int) -> int:
+    return x
+
+
+def test_agent_names_and_prompt_room_are_checked_on_the_loaded_data(tmp_path):
+    from verlx.config.run import DataConfig
+    from verlx.data import RLHFDataset, write_parquet_atomic
+    from verlx.models.tiny import build_tokenizer
+    from verlx.rollout.agent.config_checks import agent_data_problems
+
+    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": f"{k}*3=?"}],
+             "agent_name": name, "reward_model": {"ground_truth": str(3 * k)}}
+            for k, name in enumerate(["tool_agent", "single_turn", "tool_agnet"])]
+    path = write_parquet_atomic(rows, str(tmp_path / "train.parquet"))
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - name: calculator\n")
+    tokenizer = build_tokenizer()
+
+    def problems(max_prompt_length, keep=3):
+        cfg = config(*ON, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                     f"data.max_prompt_length={max_prompt_length}")
+        dataset = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=max_prompt_length, return_raw_chat=True),
+                              max_samples=keep)
+        return agent_data_problems(cfg, tokenizer, dataset, "data.train_files")
+
+    found = problems(64)
+    assert len(found) == 1 and "data.train_files: column agent_name: unknown agent loop 'tool_agnet'" in found[0]
+    assert "Did you mean 'tool_agent'" in found[0]
+    assert problems(64, keep=2) == []  # the tiny model's template does not render tools: the prompt fits
+    tok_with_tools = build_tokenizer()
+    tok_with_tools.chat_template = "{{ tools | tojson }}" + tok_with_tools.chat_template
+    cfg = config(*ON, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}", "data.max_prompt_length=64")
+    dataset = RLHFDataset(path, tok_with_tools, DataConfig(max_prompt_length=512, return_raw_chat=True),
+                          max_samples=2)
+    found = agent_data_problems(cfg, tok_with_tools, dataset, "data.train_files")
+    assert len(found) == 1 and "rendered with the tools' schemas has" in found[0]
+    assert "data.max_prompt_length=64" in found[0]

@@ -1,0 +1,49 @@
+"""What the driver needs from the agent loop: which non-tensor columns generation reads, and the per-step
+metrics computed from the per-sample `multi_turn_*` columns of the whole batch (exact over all ranks)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+#: non-tensor columns the agent loop reads (those present are passed to generate_sequences)
+AGENT_INPUT_KEYS = ("raw_prompt", "agent_name", "extra_info")
+
+
+def agent_input_keys(batch, multi_turn_enabled: bool) -> list[str]:
+    if not multi_turn_enabled:
+        return []
+    return [k for k in AGENT_INPUT_KEYS if k in batch.non_tensor_batch]
+
+
+def multi_turn_metrics(batch) -> dict[str, float]:
+    """multi_turn/num_turns/{mean,max,min}, tool/calls/mean, tool/call_rate, tool/errors, tool/timeouts,
+    tool/malformed, tool/truncated, tool/latency_s (mean per call), multi_turn/template_mismatch,
+    multi_turn/template_rewrite, multi_turn/stop_reason/<reason> (fraction of samples)."""
+    nt = batch.non_tensor_batch
+    if "multi_turn_num_turns" not in nt:
+        return {}
+    column = {k: np.asarray(nt[f"multi_turn_{k}"], dtype=np.float64) for k in
+              ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_malformed", "tool_truncated",
+               "tool_latency_s", "template_mismatch", "template_rewrite")}
+    calls = column["tool_calls"]
+    timed = calls - column["tool_malformed"]
+    metrics = {
+        "multi_turn/num_turns/mean": float(column["num_turns"].mean()),
+        "multi_turn/num_turns/max": float(column["num_turns"].max()),
+        "multi_turn/num_turns/min": float(column["num_turns"].min()),
+        "tool/calls/mean": float(calls.mean()),
+        "tool/call_rate": float((calls > 0).mean()),
+        "tool/errors": float(column["tool_errors"].sum()),
+        "tool/timeouts": float(column["tool_timeouts"].sum()),
+        "tool/malformed": float(column["tool_malformed"].sum()),
+        "tool/truncated": float(column["tool_truncated"].sum()),
+        "tool/latency_s": float(column["tool_latency_s"].sum() / timed.sum()) if timed.sum() else 0.0,
+        "multi_turn/template_mismatch": float(column["template_mismatch"].sum()),
+        "multi_turn/template_rewrite": float(column["template_rewrite"].sum()),
+    }
+    reasons = collections.Counter(str(r) for r in nt["multi_turn_stop_reason"])
+    for reason, count in reasons.items():
+        metrics[f"multi_turn/stop_reason/{reason}"] = count / len(calls)
+    return metrics

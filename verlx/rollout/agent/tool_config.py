@@ -1,0 +1,92 @@
+"""The tool file (multi_turn.tool_config_path): which tools the agent loops may call.
+
+    tools:
+      - name: calculator                      # a registered tool (built-in or @tool-decorated, imported by
+                                              #   `function`/`class_name` below or by your code)
+      - function: my_pkg.tools:lookup         # a plain function: schema from its signature and docstring
+      - class_name: my_pkg.tools:Search       # a BaseTool subclass, built with config and tool_schema
+        config: {top_k: 3}
+        tool_schema: {type: function, function: {name: search, description: ..., parameters: {...}}}
+
+Every error names the file and the entry (tools[i]) before any rollout starts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+
+from verlx.rollout.agent.tools import TOOLS, BaseTool, FunctionTool, ToolSchemaError, as_tool, validate_schema
+from verlx.utils.paths import expand_path
+from verlx.utils.registry import import_object
+
+ENTRY_KEYS = {"name", "function", "class_name", "config", "tool_schema"}
+
+
+class ToolConfigError(ValueError):
+    """The tool file does not load; the message names the file and the entry."""
+
+
+def _entry_tool(entry: dict, where: str) -> BaseTool:
+    unknown = sorted(set(entry) - ENTRY_KEYS)
+    if unknown:
+        raise ToolConfigError(f"{where}: unknown keys {unknown}; an entry has {sorted(ENTRY_KEYS)}")
+    if not any(k in entry for k in ("name", "function", "class_name")):
+        raise ToolConfigError(f"{where}: needs one of name (a registered tool), function or class_name")
+    schema = entry.get("tool_schema")
+    if schema is not None:
+        validate_schema(schema, f"{where}.tool_schema")
+    config = entry.get("config") or {}
+    if not isinstance(config, dict):
+        raise ToolConfigError(f"{where}.config must be a mapping, got {config!r:.80}")
+    if "class_name" in entry:
+        cls = import_object(entry["class_name"], f"{where}.class_name")
+        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+            raise ToolConfigError(f"{where}.class_name={entry['class_name']} is not a BaseTool subclass")
+        schema = schema or getattr(cls, "default_schema", None)
+        if schema is None:
+            raise ToolConfigError(f"{where}: {entry['class_name']} has no default_schema; add a tool_schema")
+        made = cls(config, schema)
+    elif "function" in entry:
+        fn = import_object(entry["function"], f"{where}.function")
+        made = as_tool(fn, entry["function"])
+    else:
+        made = as_tool(TOOLS.get(entry["name"]), entry["name"])
+        if config and type(made) is not FunctionTool:
+            made = type(made)(config, schema or made.schema)
+    if schema is not None and isinstance(made, FunctionTool):
+        made = FunctionTool(made.fn, schema, config)
+    if "name" in entry and made.name != entry["name"]:
+        raise ToolConfigError(f"{where}: name {entry['name']!r} but the tool calls itself {made.name!r}")
+    return made
+
+
+def load_tools(path: str) -> dict[str, BaseTool]:
+    """name → tool for every entry of the file; raises ToolConfigError naming the file and the entry."""
+    path = expand_path(path)
+    if not os.path.isfile(path):
+        raise ToolConfigError(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: file {path!r} does not exist")
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ToolConfigError(f"{path}: not valid YAML: {e}") from None
+    entries = raw.get("tools") if isinstance(raw, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ToolConfigError(f"{path}: expected a top-level 'tools:' list with at least one entry")
+    tools: dict[str, BaseTool] = {}
+    for i, entry in enumerate(entries):
+        where = f"{path}: tools[{i}]"
+        if not isinstance(entry, dict):
+            raise ToolConfigError(f"{where} must be a mapping, got {entry!r:.80}")
+        try:
+            made = _entry_tool(entry, where)
+        except (ToolSchemaError, ValueError, KeyError, TypeError) as e:
+            if isinstance(e, ToolConfigError):
+                raise
+            raise ToolConfigError(f"{where}: {e}") from None
+        if made.name in tools:
+            raise ToolConfigError(f"{where}: a second tool named {made.name!r}")
+        tools[made.name] = made
+    return tools
