@@ -56,8 +56,9 @@ def make_batch(vocab: int) -> DataProto:
 
 
 def reference_log_probs(path: str, batch: DataProto) -> torch.Tensor:
-    from verlx.models.policy import PolicyModel
     from transformers import AutoModelForCausalLM
+
+    from verlx.models.policy import PolicyModel
 
     model = PolicyModel(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
                                                              attn_implementation="sdpa")).cuda().eval()
@@ -72,8 +73,8 @@ def megatron_actor(path: str, tp: int, pp: int, train: bool):
     from megatron.core import parallel_state as mpu
     from transformers import AutoConfig
 
-    from verlx.workers.megatron.architectures import model_dims
     from verlx.workers.actor import PPOActor
+    from verlx.workers.megatron.architectures import model_dims
     from verlx.workers.megatron.engine import MegatronEngine
     from verlx.workers.megatron.runner import MegatronRunner
     from verlx.workers.megatron.setup import build_role_chunks, init_model_parallel, layout_for, wrap_for_training
@@ -159,8 +160,9 @@ def main() -> None:
                                                   "params_changed": changed, "params": len(before), "ok": ok,
                                                   "seconds": out["timings_s"][f"{name}_update"]})
 
-    from verlx.workers.megatron.checkpoint import MegatronCheckpointManager, export_megatron_checkpoint
     from transformers import AutoConfig
+
+    from verlx.workers.megatron.checkpoint import MegatronCheckpointManager, export_megatron_checkpoint
 
     after = gathered_log_probs(actor, batch)
     ckpt = os.path.join(root, "ckpt", "actor")

@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import native_vs_hf as rt  # noqa: E402
+
 from verlx.protocol import DataProto  # noqa: E402
 
 FAMILIES = [  # (family, kernel-name pattern), first match wins

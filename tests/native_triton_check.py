@@ -10,13 +10,14 @@ import os
 import torch
 
 from native_models import VOCAB, tiny_config
+from verlx.rollout.native import triton_ops
 from verlx.rollout.native.architectures import model_spec
 from verlx.rollout.native.kv_cache import KVCache, plan_cache
 from verlx.rollout.native.model import NativeModel
 from verlx.rollout.native.rope import rope_tables
-from verlx.rollout.native import triton_ops
 from verlx.rollout.native.triton_ops import self_test
 from verlx.rollout.native.weights import WeightStore
+
 
 def _scalar_index_patch():
     """Triton 3.6's interpreter turns loop bounds into ints with int(1-element array), which numpy >= 2.4

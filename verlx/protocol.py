@@ -11,8 +11,9 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,7 +91,7 @@ class DataProto:
         return cls(tensors, non_tensors, meta_info)
 
     @classmethod
-    def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None) -> "DataProto":
+    def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None) -> DataProto:
         """Split one dict into tensors and per-row Python values by the type of each value."""
         tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
         non_tensors = {k: v for k, v in data.items() if not isinstance(v, torch.Tensor)}
@@ -178,7 +179,7 @@ class DataProto:
             non_tensor, meta = copy.deepcopy(non_tensor), copy.deepcopy(meta)
         return DataProto(batch, non_tensor, meta)
 
-    def pop(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> "DataProto":
+    def pop(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> DataProto:
         """Remove the named keys from this batch and return them as a new DataProto."""
         out = self.select(batch_keys or [], non_tensor_batch_keys or [], meta_info_keys or [])
         for k in out.batch:
@@ -198,14 +199,14 @@ class DataProto:
             raise KeyError(f"DataProto has no {what} key(s) {missing}; present: {sorted(source)}")
         return {k: source[k] for k in keys}
 
-    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> "DataProto":
+    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> DataProto:
         old_keys = [old_keys] if isinstance(old_keys, str) else list(old_keys)
         new_keys = [new_keys] if isinstance(new_keys, str) else list(new_keys)
         for old, new in zip(old_keys, new_keys, strict=True):
             self.batch[new] = self.batch.pop(old)
         return self
 
-    def union(self, other: "DataProto") -> "DataProto":
+    def union(self, other: DataProto) -> DataProto:
         """Merge `other` into this batch in place. Same key with different values is an error."""
         if len(self) and len(other) and len(self) != len(other):
             raise ValueError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
@@ -224,7 +225,7 @@ class DataProto:
         return self
 
     # ------------------------------------------------------------------ reshaping
-    def chunk(self, chunks: int) -> list["DataProto"]:
+    def chunk(self, chunks: int) -> list[DataProto]:
         """Split into `chunks` equal parts (pad first with pad_to_divisor when the length does not divide)."""
         n = len(self)
         if chunks <= 0 or n % chunks:
@@ -234,14 +235,14 @@ class DataProto:
             )
         return self.split(n // chunks)
 
-    def split(self, split_size: int) -> list["DataProto"]:
+    def split(self, split_size: int) -> list[DataProto]:
         """Consecutive parts of `split_size` rows (the last may be shorter)."""
         if split_size <= 0:
             raise ValueError(f"split_size must be positive, got {split_size}")
         return [self[i : i + split_size] for i in range(0, len(self), split_size)]
 
     @staticmethod
-    def concat(data: Sequence["DataProto"]) -> "DataProto":
+    def concat(data: Sequence[DataProto]) -> DataProto:
         """Rows of every part in order; meta_info is the first part's (with differing values an error)."""
         if not data:
             raise ValueError("DataProto.concat needs at least one DataProto")
@@ -259,7 +260,7 @@ class DataProto:
                 meta.setdefault(k, v)
         return DataProto(batch, non_tensor, meta)
 
-    def repeat(self, repeat_times: int, interleave: bool = True) -> "DataProto":
+    def repeat(self, repeat_times: int, interleave: bool = True) -> DataProto:
         """Each row `repeat_times` times: [a,a,b,b] when interleaved, [a,b,a,b] otherwise."""
         if repeat_times < 1:
             raise ValueError(f"repeat_times must be >= 1, got {repeat_times}")
@@ -275,7 +276,7 @@ class DataProto:
         reordered = self[indices]
         self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
 
-    def pad_to_divisor(self, divisor: int) -> tuple["DataProto", int]:
+    def pad_to_divisor(self, divisor: int) -> tuple[DataProto, int]:
         """Append rows copied from the start until the length divides `divisor`; returns (padded, pad_size)."""
         n = len(self)
         if n == 0:
@@ -286,11 +287,11 @@ class DataProto:
         index = torch.cat([torch.arange(n), torch.arange(pad) % n])
         return self[index], pad
 
-    def unpad(self, pad_size: int) -> "DataProto":
+    def unpad(self, pad_size: int) -> DataProto:
         return self if pad_size == 0 else self[: len(self) - pad_size]
 
     # ------------------------------------------------------------------ devices and disk
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "DataProto":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> DataProto:
         return DataProto(
             {k: v.to(device, non_blocking=non_blocking) for k, v in self.batch.items()},
             self.non_tensor_batch,
@@ -315,7 +316,7 @@ class DataProto:
             raise
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "DataProto":
+    def load(cls, path: str | os.PathLike) -> DataProto:
         state = torch.load(os.fspath(path), map_location="cpu", weights_only=False)
         return cls(state["batch"], state["non_tensor_batch"], state["meta_info"])
 

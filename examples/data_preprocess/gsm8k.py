@@ -15,7 +15,7 @@ import json
 import os
 import re
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 try:
     from verlx.config.loader import DataError

@@ -19,6 +19,7 @@ from verlx.reward.managers import RewardFailure
 from verlx.trainer.main_eval import run_eval
 from verlx.trainer.main_generation import METADATA_KEY, run_generation, validate
 
+
 def generation_config(*overrides) -> GenerationConfig:
     base = ["trainer.n_gpus_per_node=2", "trainer.device=cpu", "rollout.name=hf", "rollout.prompt_length=32",
             "rollout.response_length=8"]

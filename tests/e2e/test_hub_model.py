@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from helpers.hf_cache import cache_model, offline_env
 from helpers.commands import assert_no_traceback, run_module
+from helpers.hf_cache import cache_model, offline_env
 
 HUB_ID = "verlx-test/tiny-qwen"
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from arithmetic_rows import disjoint_pairs, write_arithmetic
 
+from arithmetic_rows import disjoint_pairs, write_arithmetic
 from verlx.data.sft_dataset import collate, read_parquet_rows, tokenize_sft
 from verlx.models.response_nll import ResponseNLL
 from verlx.models.tiny import save_tiny_model

@@ -4,8 +4,8 @@ on both ranks) matches the same step at SP=1 (two shards), and the SP actor's lo
 from __future__ import annotations
 
 import pytest
-from helpers.e2e import make_config, read_metrics
 
+from helpers.e2e import make_config, read_metrics
 from verlx.trainer.main_ppo import run_ppo
 
 # one optimizer step over all 8 samples, so both layouts average the same gradient

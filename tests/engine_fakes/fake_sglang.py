@@ -86,7 +86,7 @@ class FakeSGLang:
 
     version: Version
     calls: list[tuple] = field(default_factory=list)
-    engines: list["Any"] = field(default_factory=list)
+    engines: list[Any] = field(default_factory=list)
     fail_names: dict[str, str] = field(default_factory=dict)
     abort_samples: dict[int, str] = field(default_factory=dict)
     patch_calls: int = 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from helpers.e2e import make_config, read_metrics
 from verlx.trainer.main_ppo import prepare
 from verlx.trainer.ppo_trainer import RayPPOTrainer

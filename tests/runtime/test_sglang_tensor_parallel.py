@@ -9,8 +9,8 @@ import pickle
 import socket
 
 import pytest
-from packaging.version import Version
 import torch.multiprocessing as mp
+from packaging.version import Version
 
 from engine_fakes.contexts import SHAPES
 from engine_fakes.tp_worker import run_rank, start_fails_on_leader

@@ -10,8 +10,8 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-from helpers.compile_models import assert_fp32_close, packed_batch, tiny_config, train_step
 
+from helpers.compile_models import assert_fp32_close, packed_batch, tiny_config, train_step
 from verlx.models import compile as compile_mod
 from verlx.models.compile import compile_model
 from verlx.models.policy import PolicyModel

@@ -7,8 +7,8 @@ import copy
 
 import pytest
 import torch
-from helpers.compile_models import assert_fp32_close, grads, packed_batch, tiny_config, train_step
 
+from helpers.compile_models import assert_fp32_close, grads, packed_batch, tiny_config, train_step
 from verlx.models import compile as compile_mod
 from verlx.models.chunked_logprob import chunked_log_probs
 from verlx.models.compile import compile_model

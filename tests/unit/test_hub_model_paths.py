@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.commands import assert_no_traceback, run_module
 from helpers.e2e import make_config
 from helpers.hf_cache import cache_model, offline_env
-from helpers.commands import assert_no_traceback, run_module
 from verlx.config.loader import ConfigError
 
 HUB_ID = "verlx-test/tiny-qwen"

@@ -10,9 +10,9 @@ from verlx.config.loader import build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 from verlx.config.validation import Findings, check_batch_arithmetic
 from verlx.trainer.entrypoint import override_args
+from verlx.workers.engine import engine_class
 from verlx.workers.megatron import INSTALL_COMMAND, MegatronNotInstalled, megatron_core_available
 from verlx.workers.megatron.config_checks import megatron_problems
-from verlx.workers.engine import engine_class
 
 BASE = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

@@ -14,10 +14,10 @@ from verlx.workers.megatron.weight_layout import (
     fuse_qkv,
     hf_to_megatron,
     layer_placement,
+    local_spec_name,
     megatron_to_hf,
     split_qkv,
     te_name,
-    local_spec_name,
     tp_merge,
     tp_shard,
 )

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from native_models import (
-    EOS, PAD, hf_greedy, hf_token_logprobs, ragged_prompts, rollout_context, save_tiny_model, with_meta,
+    EOS,
+    PAD,
+    hf_greedy,
+    hf_token_logprobs,
+    ragged_prompts,
+    rollout_context,
+    save_tiny_model,
+    with_meta,
 )
 from verlx.protocol import DataProto
 from verlx.rollout.base import ROLLOUT_ENGINES

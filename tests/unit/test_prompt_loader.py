@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers.tiny_tokenizer import build_tiny_tokenizer
 
+from helpers.tiny_tokenizer import build_tiny_tokenizer
 from verlx.config.run import DataConfig
 from verlx.data import (
     PromptDataLoader,

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers.tiny_tokenizer import build_tiny_tokenizer
 
+from helpers.tiny_tokenizer import build_tiny_tokenizer
 from verlx.config.run import CustomRewardFunctionConfig, OverlongBufferConfig, RewardConfig
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto

@@ -7,8 +7,8 @@ import logging
 import numpy as np
 import pytest
 import torch
-from helpers.tiny_tokenizer import build_tiny_tokenizer
 
+from helpers.tiny_tokenizer import build_tiny_tokenizer
 from verlx.config.loader import DataError
 from verlx.config.run import DataConfig
 from verlx.data import RLHFDataset, write_parquet_atomic

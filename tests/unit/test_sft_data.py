@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from arithmetic_rows import write_arithmetic
 
+from arithmetic_rows import write_arithmetic
 from verlx.config.loader import DataError
 from verlx.data.sft_dataset import collate, read_parquet_rows, tokenize_sft
 from verlx.models.tiny import build_tokenizer

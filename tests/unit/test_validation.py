@@ -7,8 +7,8 @@ import logging
 
 import pytest
 import torch
-from helpers.tiny_tokenizer import build_tiny_tokenizer
 
+from helpers.tiny_tokenizer import build_tiny_tokenizer
 from verlx.config.run import CustomRewardFunctionConfig, DataConfig, RewardConfig
 from verlx.config.schema import PPOConfig
 from verlx.data import RLHFDataset, write_parquet_atomic

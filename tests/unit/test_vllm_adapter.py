@@ -9,8 +9,8 @@ from engine_fakes.fake_vllm import PACKED, CompletionOutput, Logprob, RequestOut
 from verlx.config.roles import EngineKwargs
 from verlx.rollout.base import SamplingParams
 from verlx.rollout.engine_layout import plan_engine_layout
-from verlx.rollout.token_io import EngineGenerationError
 from verlx.rollout.kernel_backends import KernelInventory
+from verlx.rollout.token_io import EngineGenerationError
 from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloaded_names, vllm_sampling_kwargs
 
 

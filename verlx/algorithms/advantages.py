@@ -11,9 +11,9 @@ compare with, so its advantage is 0 (veRL gives the raw score in grpo/opo/gpg an
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
 
 import torch
 

@@ -10,8 +10,8 @@ Estimators (Schulman, "Approximating KL divergence", 2020; log r = log pi - log 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

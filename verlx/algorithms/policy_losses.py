@@ -9,7 +9,7 @@ per micro-batch. ratio = pi / pi_old throughout.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

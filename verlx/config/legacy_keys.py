@@ -7,8 +7,9 @@ import dataclasses
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any, Union
 
 
 @dataclass(frozen=True)

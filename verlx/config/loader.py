@@ -7,7 +7,8 @@ import logging
 import os
 import types
 import typing
-from typing import Any, Mapping, Sequence, TypeVar, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar, Union
 
 from verlx.utils.registry import did_you_mean
 

@@ -7,7 +7,7 @@ epochs. The state (the sampler's) can be saved after any batch and restored to c
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 from verlx.config.loader import DataError
 from verlx.data.rl_dataset import RLHFDataset

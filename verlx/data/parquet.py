@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from verlx.utils.paths import expand_path
 
 from verlx.config.loader import DataError
+from verlx.utils.paths import expand_path
 
 
 def write_parquet_atomic(rows: Sequence[dict[str, Any]] | pa.Table, path: str | os.PathLike) -> str:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import collections
 import logging
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,8 +24,8 @@ from verlx.config.loader import DataError
 from verlx.config.run import DataConfig
 from verlx.data.parquet import read_parquet_columns
 from verlx.protocol import DataProto
-from verlx.utils.registry import Registry
 from verlx.utils.paths import expand_path
+from verlx.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from verlx.utils.paths import expand_path
 
 from verlx.config.loader import DataError
+from verlx.utils.paths import expand_path
 
 TRUNCATIONS = ("error", "left", "right")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 

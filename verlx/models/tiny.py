@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 from dataclasses import asdict, dataclass
+
 from verlx.utils.paths import expand_path
 
 ENDOFTEXT = "<|endoftext|>"

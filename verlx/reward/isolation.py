@@ -17,10 +17,11 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import verlx
 
@@ -347,7 +348,7 @@ class ScorePool:
                 self._workers[slot] = None
         self._finalizer.detach()
 
-    def __enter__(self) -> "ScorePool":
+    def __enter__(self) -> ScorePool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,7 +11,8 @@ import importlib.util
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verlx.reward.scores import default_compute_score
 from verlx.utils.paths import expand_path

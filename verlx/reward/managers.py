@@ -12,8 +12,9 @@ import logging
 import math
 import numbers
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ from verlx.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-REWARD_MANAGERS: Registry[type["NaiveRewardManager"]] = Registry("reward manager", "reward_model.reward_manager")
+REWARD_MANAGERS: Registry[type[NaiveRewardManager]] = Registry("reward manager", "reward_model.reward_manager")
 SHOWN_TEXT_CHARS = 2000
 MAX_LISTED_SAMPLES = 20
 # what the scores are for → (what is refused, the scope of the failure fraction, the remedy without any score, the

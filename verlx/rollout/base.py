@@ -12,8 +12,9 @@ import functools
 import importlib.util
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from verlx.protocol import DataProto
 from verlx.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
-ROLLOUT_ENGINES: Registry[type["RolloutEngine"]] = Registry("rollout engine", "actor_rollout_ref.rollout.name",
+ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine", "actor_rollout_ref.rollout.name",
                                                             import_paths=True)
 # Built-in engines by name; each module is imported when its engine is first asked for (and imports its own
 # package lazily in turn), so nothing here imports an engine.

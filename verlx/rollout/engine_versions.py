@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-
 logger = logging.getLogger(__name__)
 _warned_untested: set[str] = set()
 

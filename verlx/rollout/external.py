@@ -13,8 +13,8 @@ from typing import ClassVar
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, RolloutEngine, SamplingParams, resolve_sampling
 from verlx.rollout.engine_versions import check_engine_version, install_command
-from verlx.rollout.residency import EngineResidency
 from verlx.rollout.memory_budget import EngineFootprint, check_budget, kv_bytes_per_token
+from verlx.rollout.residency import EngineResidency
 from verlx.rollout.weight_sync import checkpoint_numel, engine_dtype, expected_push_names
 
 logger = logging.getLogger(__name__)

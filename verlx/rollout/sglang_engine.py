@@ -13,7 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

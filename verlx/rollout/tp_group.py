@@ -4,7 +4,8 @@ device lists and addresses at start-up, CUDA-IPC handles during a weight push, g
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
@@ -17,7 +18,7 @@ class TensorParallelGroup:
         self.group = group
 
     @classmethod
-    def create(cls, layout: EngineLayout) -> "TensorParallelGroup":
+    def create(cls, layout: EngineLayout) -> TensorParallelGroup:
         """Collective over the whole default group: every rank creates every TP group, in the same order."""
         if layout.tp_size == 1:
             return cls(layout, None)

@@ -8,7 +8,8 @@ documented vllm 0.11–0.33 in-process API (docs/rollout.md lists them).
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.engine_layout import EngineLayout

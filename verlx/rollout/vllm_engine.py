@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -8,9 +8,10 @@ the worker group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from verlx.protocol import DataProto
 from verlx.utils.registry import Registry

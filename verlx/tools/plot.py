@@ -14,10 +14,11 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
+
 from verlx.utils.paths import expand_path
 
 DEFAULT_NAME = "training_curves.png"

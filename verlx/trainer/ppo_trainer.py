@@ -34,8 +34,8 @@ from verlx.trainer.perf_metrics import (
 )
 from verlx.trainer.resume import ResumePoint, plan_resume
 from verlx.trainer.validation import Validator
-from verlx.utils.seqlen_balancing import balance_batch
 from verlx.utils.paths import expand_path
+from verlx.utils.seqlen_balancing import balance_batch
 from verlx.utils.timer import timed
 from verlx.utils.tracking import Tracking
 from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+
 def score_response(data_source: str, response: str, ground_truth: str) -> float:
     """The one place validation scores a response: the reward function training uses for that data source."""
     from verlx.reward.scores import default_compute_score

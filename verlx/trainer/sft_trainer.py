@@ -32,9 +32,9 @@ from verlx.trainer.sft_eval import greedy_accuracy
 from verlx.utils.cpu_threads import CpuThreads
 from verlx.utils.device import resolve_device
 from verlx.utils.lr_schedules import lr_multiplier
+from verlx.utils.paths import expand_path
 from verlx.utils.tracking import Tracking
 from verlx.workers.tokenizer import stop_token_ids
-from verlx.utils.paths import expand_path
 
 
 def _dtype_kwarg(dtype: torch.dtype) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 
 @contextlib.contextmanager

@@ -7,7 +7,8 @@ is looked up by the name a user writes in the config, so an unknown name must sa
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from verlx.utils.registry import Registry
 
-LOGGERS: Registry[type["MetricLogger"]] = Registry("logger", "trainer.logger")
+LOGGERS: Registry[type[MetricLogger]] = Registry("logger", "trainer.logger")
 
 # What the console shows each step, in order: (metric keys, short label, format). The keys are a regular
 # expression; a column shows the sum of the metrics it matches (failed scorings: errors + timeouts), one column

@@ -6,7 +6,8 @@ Kept apart from the score modules so that each module registers itself with a de
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verlx.utils.registry import Registry, UnknownNameError
 

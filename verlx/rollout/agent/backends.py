@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from verlx.rollout.base import SamplingParams
 from verlx.utils.registry import Registry
 
-AGENT_BACKENDS: Registry[type["GenerationBackend"]] = Registry("multi-turn engine backend",
+AGENT_BACKENDS: Registry[type[GenerationBackend]] = Registry("multi-turn engine backend",
                                                                "actor_rollout_ref.rollout.name")
 
 

@@ -6,7 +6,6 @@ SGLang and vLLM are reached through the engine objects' attributes set up by the
 
 from __future__ import annotations
 
-
 from verlx.rollout.agent.backends import GenerationBackend, GenOutput, SteppedBackend
 from verlx.rollout.native.sampling import row_seed
 from verlx.rollout.token_io import EngineGenerationError

@@ -15,7 +15,7 @@ from verlx.rollout.agent.execution import ToolExecutor, ToolOutcome
 from verlx.rollout.agent.trajectory import Trajectory
 from verlx.utils.registry import Registry
 
-AGENT_LOOPS: Registry[type["AgentLoop"]] = Registry("agent loop", "agent_name (data column)", import_paths=True)
+AGENT_LOOPS: Registry[type[AgentLoop]] = Registry("agent loop", "agent_name (data column)", import_paths=True)
 
 
 @dataclass

@@ -11,12 +11,13 @@ import asyncio
 import inspect
 import re
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from verlx.utils.registry import Registry
 
-TOOLS: Registry["BaseTool | Callable"] = Registry("tool", "multi_turn.tool_config_path", import_paths=True)
+TOOLS: Registry[BaseTool | Callable] = Registry("tool", "multi_turn.tool_config_path", import_paths=True)
 JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
 _PY_TO_JSON = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 

@@ -6,8 +6,9 @@ layers are chosen); everything else is the shared Llama-style decoder: RMSNorm, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from verlx.utils.registry import Registry
 

@@ -7,8 +7,8 @@ max_model_len, enforce_eager, load_format, seed, sleep_level) and engine_kwargs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -50,7 +50,7 @@ class NativeOptions:
     sampler: str = "auto"
 
     @classmethod
-    def from_dict(cls, raw: dict | None) -> "NativeOptions":
+    def from_dict(cls, raw: dict | None) -> NativeOptions:
         raw = dict(raw or {})
         names = [f.name for f in dataclasses.fields(cls)]
         for key in raw:

@@ -9,7 +9,7 @@ Graphs bake in buffer addresses, so `reset()` drops them whenever the KV cache o
 from __future__ import annotations
 
 import logging
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 

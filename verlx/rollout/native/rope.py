@@ -8,7 +8,8 @@ position, so no RoPE work is left in the decode step beyond two multiplies.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -45,7 +45,7 @@ def _dump_stack_task(pid: int) -> str:
     return _dump_stack_local(pid)
 
 
-def dump_stacks(identities: dict[int, "object"], timeout_s: float = 30.0) -> dict[int, str]:
+def dump_stacks(identities: dict[int, object], timeout_s: float = 30.0) -> dict[int, str]:
     """rank -> stack text, for the given rank -> WorkerIdentity, each read on the worker's own node."""
     refs = {
         rank: _dump_stack_task.options(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
@@ -26,7 +27,7 @@ class RayClassWithInitArgs:
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.env_vars: dict[str, str] = {}
 
-    def with_env(self, **env_vars: str) -> "RayClassWithInitArgs":
+    def with_env(self, **env_vars: str) -> RayClassWithInitArgs:
         self.env_vars.update({k: str(v) for k, v in env_vars.items()})
         return self
 
@@ -42,7 +43,7 @@ def registered_methods(cls: type) -> dict[str, MethodSpec]:
 class GroupFuture:
     """The pending result of a group call; `get()` waits under the group's watchdog and collects."""
 
-    def __init__(self, group: "RayWorkerGroup", method: str, plan: DispatchPlan, refs: list, collect: Callable):
+    def __init__(self, group: RayWorkerGroup, method: str, plan: DispatchPlan, refs: list, collect: Callable):
         self.group, self.method, self.plan, self.refs, self._collect = group, method, plan, refs, collect
 
     def get(self, timeout_s: float | None = None) -> Any:
@@ -65,7 +66,7 @@ class RayWorkerGroup:
         ray_cls_with_init: RayClassWithInitArgs | None,
         name: str = "workers",
         default_timeout_s: float | None = None,
-        _existing: "RayWorkerGroup | None" = None,
+        _existing: RayWorkerGroup | None = None,
     ):
         self.name = name
         self.default_timeout_s = default_timeout_s
@@ -143,7 +144,7 @@ class RayWorkerGroup:
     def identities(self):
         return list(self._identities)
 
-    def spawn(self, roles: dict[str, type]) -> dict[str, "RayWorkerGroup"]:
+    def spawn(self, roles: dict[str, type]) -> dict[str, RayWorkerGroup]:
         """Per-role views of a colocated WorkerDict group: `views[role].method` calls `role_method` remotely."""
         views = {}
         for role, cls in roles.items():

@@ -5,8 +5,9 @@ Pure functions of the HF config: no megatron-core import, so they are tested on 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from verlx.utils.registry import Registry
 

@@ -21,7 +21,7 @@ class AlignedBatch:
     hidden_index: torch.Tensor  # [b, R] the aligned position whose hidden state predicts response token j
     targets: torch.Tensor  # [b, R] the response tokens
 
-    def to(self, device: torch.device) -> "AlignedBatch":
+    def to(self, device: torch.device) -> AlignedBatch:
         return AlignedBatch(*(t.to(device, non_blocking=True) for t in (self.input_ids, self.hidden_index,
                                                                          self.targets)))
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 
+from verlx.utils.paths import expand_path
 from verlx.workers.megatron import INSTALL_COMMAND, megatron_core_available
 from verlx.workers.megatron.architectures import ARCHITECTURES
 from verlx.workers.megatron.parallel import check_layout
-from verlx.utils.paths import expand_path
 
 _SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
           "virtual_pipeline_model_parallel_size")

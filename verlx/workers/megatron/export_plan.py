@@ -8,8 +8,8 @@ pipeline group, so every rank sees the same (name, tensor) stream and at most on
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist

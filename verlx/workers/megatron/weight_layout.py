@@ -13,8 +13,8 @@ Megatron layouts (names of the local layer spec; `te_name` gives transformer-eng
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 
