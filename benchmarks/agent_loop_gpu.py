@@ -128,7 +128,10 @@ def main() -> int:
            "PYTHONPATH": os.pathsep.join(filter(None, [HERE, ROOT, os.environ.get("PYTHONPATH")]))}
     rc = subprocess.run([sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], cwd=ROOT, env=env).returncode
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
+    rows = []
+    if os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            rows = [json.loads(line) for line in f]
     print(f"\nengine={args.engine} shape={args.shape} device={args.device} prompts={args.prompts} n={args.n} "
           f"tool_turns={args.tool_turns} turn_tokens={args.turn_tokens}")
     print("| step | " + " | ".join(SHOWN) + " |")

@@ -53,7 +53,8 @@ def _run(label: str, cmd: list[str], env: dict, timeout: float) -> tuple[int, fl
             rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = 124
-    text = open(log, errors="replace").read()
+    with open(log, errors="replace") as f:
+        text = f.read()
     return rc, time.perf_counter() - start, text
 
 
@@ -74,7 +75,8 @@ def stage_tests(args, paths) -> None:
             rc, seconds, text = _run(f"tests_{engine}_{label}",
                                      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target],
                                      engine_env(engine, paths, ROOT), args.timeout_s)
-            summary = [ln for ln in text.splitlines() if any(w in ln for w in (" passed", " failed", " skipped", "error"))][-1:]
+            summary = [ln for ln in text.splitlines()
+                       if any(w in ln for w in (" passed", " failed", " skipped", "error"))][-1:]
             print(f"- {engine} {target}: rc {rc}, {seconds:.0f} s, {summary[0] if summary else '?'}", flush=True)
             if rc:
                 print(_tail(text, 25), flush=True)
@@ -131,9 +133,9 @@ def stage_generation(args, paths) -> None:
         table = pq.read_table(output)
         responses = table.column("responses").to_pylist()
         counts = {len(r) for r in responses}
+        mean_chars = sum(map(len, sum(responses, []))) / (4 * len(responses))
         print(f"- {engine}: rc 0, {seconds:.0f} s wall (start-up included), {table.num_rows} rows, responses per "
-              f"row {sorted(counts)}, mean response chars {sum(map(len, sum(responses, []))) / (4 * len(responses)):.0f}",
-              flush=True)
+              f"row {sorted(counts)}, mean response chars {mean_chars:.0f}", flush=True)
         os.remove(output)
 
 

@@ -129,7 +129,8 @@ def test_agent_loop_gpu_smoke_runs_multi_turn_grpo_on_cpu(tmp_path):
     the random-weight model), turns and calls per step are logged, no trajectory disagrees with the template."""
     proc = _run([sys.executable, "benchmarks/agent_loop_gpu.py", "--device", "cpu", "--shape", "tiny", "--steps", "1",
                  "--prompts", "2", "--n", "2", "--tool-turns", "2", "--turn-tokens", "4"], tmp_path)
-    rows = [json.loads(line) for line in open(tmp_path / "agent_loop_metrics.jsonl")]
+    with open(tmp_path / "agent_loop_metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
     assert len(rows) == 1
     row = rows[0]
     assert row["multi_turn/num_turns/mean"] == 3 and row["tool/calls/mean"] == 2

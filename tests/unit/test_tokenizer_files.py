@@ -109,6 +109,7 @@ def test_main_sft_refuses_it(no_tokenizer_dir, arithmetic_data_dir, tmp_path):
                          f"trainer.default_local_dir={tmp_path}/out"],
                         module="verlx.trainer.main_sft", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert f"model.partial_pretrain: {no_tokenizer_dir} has no tokenizer files (expected tokenizer.json" in result.stderr
+    assert (f"model.partial_pretrain: {no_tokenizer_dir} has no tokenizer files (expected tokenizer.json"
+            in result.stderr)
     assert f"copy the base model's tokenizer files into {no_tokenizer_dir}" in result.stderr
     assert_no_traceback(result)

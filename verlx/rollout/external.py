@@ -57,8 +57,8 @@ class ExternalEngine(RolloutEngine):
             return
         dtype = engine_dtype(self.config.dtype)
         element = torch.empty((), dtype=dtype).element_size()
-        footprint = EngineFootprint(numel * element, kv_bytes_per_token(self.ctx.hf_config, element),
-                                    self.config.max_model_len or self.config.prompt_length + self.config.response_length)
+        sequence_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
+        footprint = EngineFootprint(numel * element, kv_bytes_per_token(self.ctx.hf_config, element), sequence_len)
         total = torch.cuda.get_device_properties(self.ctx.device).total_memory
         check_budget(self.requires_package, self.config.gpu_memory_utilization, total, footprint)
 

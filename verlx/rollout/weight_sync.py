@@ -143,7 +143,8 @@ def _checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]] | None:
     shapes: dict[str, tuple[int, ...]] = {}
     for name in files:
         with safe_open(os.path.join(model_path, name), framework="pt") as f:
-            shapes.update((key, tuple(f.get_slice(key).get_shape())) for key in f.keys())
+            names = f.keys()  # a safetensors file handle: it has keys() but cannot be iterated
+            shapes.update((key, tuple(f.get_slice(key).get_shape())) for key in names)
     return shapes
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import itertools
 from dataclasses import dataclass
 
@@ -85,10 +86,8 @@ class SteppedBackend(GenerationBackend):
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         self._close()
 
     async def _drive(self) -> None:

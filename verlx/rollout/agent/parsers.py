@@ -8,6 +8,7 @@ name is reported as malformed (the model is told so), never guessed at.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -48,10 +49,8 @@ def _call_from_json(text: str, args_key: str, out: ParsedTurn) -> None:
         return
     arguments = obj.get(args_key, obj.get("arguments", {}))
     if isinstance(arguments, str):  # some models double-encode the arguments
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
     out.calls.append(ToolCall(obj["name"], arguments))
 
 

@@ -11,6 +11,7 @@ accidents, not a security boundary: run untrusted models' code in a container fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -111,7 +112,5 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
