@@ -74,13 +74,14 @@ def test_generation_config_problems_are_named_before_ray(tiny_model_dir, arithme
     with pytest.raises(ConfigError) as info:
         validate(generation_config(f"data.path={source}", f"model.path={tiny_model_dir}", "rollout.load_format=dummy",
                                    "data.n_samples=2", "rollout.temperature=0", "rollout.n=4",
-                                   "data.truncation=lefft", "rollout.name=vlm"))
+                                   "data.truncation=lefft", "rollout.name=vlm", "rollout.multi_turn.enable=true"))
     text = str(info.value)
     assert "rollout.load_format=dummy: nothing pushes weights into the engine" in text
     assert "data.n_samples=2 with greedy decoding" in text and "identical responses" in text
     assert "rollout.n=4: the number of samples per prompt is data.n_samples" in text
     assert "data.truncation='lefft'" in text and "Did you mean 'left'?" in text
     assert "rollout.name='vlm' is not a registered engine" in text and "Did you mean 'vllm'?" in text
+    assert "rollout.multi_turn.enable=true: main_generation writes single-turn responses" in text
     with pytest.raises(ConfigError, match="model.path: '/nowhere' is not a HuggingFace model directory"):
         validate(generation_config(f"data.path={source}", "model.path=/nowhere"))
 

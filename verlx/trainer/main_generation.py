@@ -61,6 +61,9 @@ def validate(config: GenerationConfig) -> None:
               "sample (temperature > 0) or set n_samples=1")
     f.choice("data.truncation", d.truncation, ["error", *PROMPT_TRUNCATIONS.names()])
     f.require(r.n == 1, f"rollout.n={r.n}: the number of samples per prompt is data.n_samples; leave rollout.n at 1")
+    f.require(not r.multi_turn.enable,
+              "rollout.multi_turn.enable=true: main_generation writes single-turn responses; multi-turn agent loops "
+              "(tools) run in training (main_ppo); set rollout.multi_turn.enable=false")
     f.require(not r.load_format.startswith("dummy"),
               f"rollout.load_format={r.load_format}: nothing pushes weights into the engine here, so it must load them "
               "from model.path; use load_format=auto")
