@@ -9,10 +9,10 @@ import logging
 
 from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import uses_critic, validate
 from verlx.reward.managers import RewardFailure
 from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
 from verlx.trainer.entrypoint import hydra_command
+from verlx.trainer.preflight import uses_critic, validate
 from verlx.trainer.ray_startup import start_ray, use_gpus
 from verlx.trainer.resume import NothingToDo, stop_if_finished
 

@@ -1,6 +1,7 @@
-"""Checks across keys, run before Ray starts: names, batch arithmetic, paths, unsupported combinations.
+"""Pre-flight checks of a PPO config, run before Ray starts: names, batch arithmetic, paths, unsupported combinations.
 
-Every problem names the keys and values involved and what would work; all problems are reported at once.
+Every problem names the keys and values involved and what would work; all problems are reported at once. They live
+in the trainer, not in config/, because they consult the registries, models and files of the layers below.
 """
 
 from __future__ import annotations
