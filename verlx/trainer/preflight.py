@@ -11,6 +11,7 @@ import logging
 import os
 from types import SimpleNamespace
 
+from verlx.algorithms.advantages import uses_critic
 from verlx.config.loader import ConfigError, Findings
 from verlx.config.schema import PPOConfig
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
@@ -99,7 +100,7 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
     ):
         return
     roles = [("actor_rollout_ref.actor", arr.actor, _ranks_per_shard(arr.actor))]
-    if cfg.use_critic:
+    if uses_critic(cfg):
         roles.append(("critic", cfg.critic, _ranks_per_shard(cfg.critic)))
     for key, role, sp in roles:
         mini = role.ppo_mini_batch_size
@@ -281,7 +282,7 @@ def check_sequence_parallel(cfg: PPOConfig, f: Findings, world_size: int) -> Non
             "the reference runs in the actor's workers and needs the same size")
     roles = [("actor_rollout_ref.actor", arr.actor, arr.model.use_remove_padding, "actor_rollout_ref.model",
               arr.model.path)]
-    if cfg.use_critic:
+    if uses_critic(cfg):
         roles.append(("critic", cfg.critic, cfg.critic.model.use_remove_padding, "critic.model",
                       cfg.critic.model.path or arr.model.path))
     for key, role, packed, model_key, path in roles:
@@ -314,7 +315,7 @@ def check_token_budgets(cfg: PPOConfig, f: Findings) -> None:
     if cfg.use_reference:
         budgets.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_max_token_len_per_gpu,
                         arr.ref.log_prob_use_dynamic_bsz))
-    if cfg.use_critic:
+    if uses_critic(cfg):
         budgets += [("critic.ppo_max_token_len_per_gpu", cfg.critic.ppo_max_token_len_per_gpu,
                      cfg.critic.use_dynamic_bsz),
                     ("critic.forward_max_token_len_per_gpu", cfg.critic.forward_max_token_len_per_gpu,
@@ -347,15 +348,15 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
     if crf.path is not None:
         f.require(os.path.isfile(expand_path(crf.path)),
                   f"custom_reward_function.path: file {crf.path!r} does not exist")
-    if uses_critic(cfg) and cfg.critic.model.path is not None:
+    if uses_critic_if_known(cfg) and cfg.critic.model.path is not None:
         f.require(os.path.isdir(expand_path(cfg.critic.model.path)),
                   f"critic.model.path: directory {cfg.critic.model.path!r} does not exist")
 
 
-def uses_critic(cfg: PPOConfig) -> bool:
-    """cfg.use_critic, False for an unknown algorithm.adv_estimator (which check_names reports)."""
+def uses_critic_if_known(cfg: PPOConfig) -> bool:
+    """uses_critic(cfg), False for an unknown algorithm.adv_estimator (which check_names reports)."""
     try:
-        return cfg.use_critic
+        return uses_critic(cfg)
     except KeyError:
         return False
 

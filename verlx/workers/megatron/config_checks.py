@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from verlx.algorithms.advantages import uses_critic
 from verlx.utils.paths import expand_path
 from verlx.workers.megatron import INSTALL_COMMAND, megatron_core_available
 from verlx.workers.megatron.architectures import ARCHITECTURES
@@ -29,7 +30,7 @@ def megatron_problems(cfg, world_size: int, megatron_installed: bool | None = No
     """Every problem of the megatron parts of `cfg` (a PPOConfig); empty when no role uses megatron."""
     arr = cfg.actor_rollout_ref
     actor_meg = arr.actor.strategy == "megatron"
-    critic_meg = cfg.use_critic and cfg.critic.strategy == "megatron"
+    critic_meg = uses_critic(cfg) and cfg.critic.strategy == "megatron"
     if not (actor_meg or critic_meg):
         return []
     installed = megatron_core_available() if megatron_installed is None else megatron_installed
@@ -37,7 +38,7 @@ def megatron_problems(cfg, world_size: int, megatron_installed: bool | None = No
     if not installed:
         problems.append(f"strategy=megatron needs megatron-core, which is not installed; install it with: "
                         f"{INSTALL_COMMAND}")
-    if cfg.use_critic and actor_meg != critic_meg:
+    if uses_critic(cfg) and actor_meg != critic_meg:
         problems.append(f"actor_rollout_ref.actor.strategy={arr.actor.strategy} but critic.strategy="
                         f"{cfg.critic.strategy}: colocated roles must use the same backend when one is megatron")
     roles = []
