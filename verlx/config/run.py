@@ -93,6 +93,10 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
+# trainer.resume_mode: the latest complete checkpoint, none, or trainer.resume_from_path
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
 @dataclass
 class TrainerConfig:
     balance_batch: bool = True
