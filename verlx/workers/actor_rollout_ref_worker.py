@@ -15,11 +15,14 @@ from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
+from verlx.utils.compile_cache import configure_compile_cache
 from verlx.utils.distributed import init_distributed
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
 from verlx.workers.actor import PPOActor
+from verlx.workers.auto_settings import resolve_actor_settings
 from verlx.workers.engine import ModelSpec, engine_class
+from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
 from verlx.workers.perf import PhaseTimer, phase_metrics
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
@@ -45,16 +48,20 @@ class ActorRolloutRefWorker(Worker):
         self.lora = False
         self.engine_weights_stale = True
         self.engine_asleep_gb: float | None = None
+        self.engine_resident_bytes = 0  # what the engine keeps on the GPU while training runs (measured at init)
 
     # ------------------------------------------------------------------ set-up
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
         arr = self.config.actor_rollout_ref
         model_path = self._init_process_and_model_metadata()
+        configure_compile_cache(self.config.trainer.compile_cache_dir, log=self.rank == 0)  # before anything compiles
+        process_baseline(self.device)  # the GPU's memory in use before this process builds anything
         import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
         if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
         if self.is_actor or self.is_ref:
+            self._resolve_auto_settings(model_path)
             self._init_training(model_path)
         return {"rank": self.rank, "device": str(self.device)}
 
@@ -69,6 +76,14 @@ class ActorRolloutRefWorker(Worker):
                                         arr.model.custom_chat_template)
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         return model_path
+
+    def _resolve_auto_settings(self, model_path: str) -> None:
+        """Fill the keys left null (token budgets, dynamic batches, gradient checkpointing) from the memory estimate of
+        this GPU (workers/memory_plan); logged once, on rank 0."""
+        self.config, notes = resolve_actor_settings(self.config, self.hf_config, model_path, self.device,
+                                                    self.world_size, self.engine_resident_bytes)
+        if notes and self.rank == 0:
+            logger.info("actor: %s", "; ".join(notes))
 
     def _init_training(self, model_path: str) -> None:
         """The actor's and the reference's training engines (actor_rollout_ref.actor.strategy) on one placement."""
@@ -150,8 +165,10 @@ class ActorRolloutRefWorker(Worker):
         self.engine_asleep = bool(rollout.free_cache_engine)
         if self.engine_asleep:
             self.engine.sleep()
-            if used_before is not None:  # nothing else is on the device yet: the difference is the sleeping engine
-                self.engine_asleep_gb = (self._device_used_bytes() - used_before) / 2**30
+        if used_before is not None:  # nothing else is on the device yet: the difference is the engine's
+            self.engine_resident_bytes = self._device_used_bytes() - used_before
+            if self.engine_asleep:
+                self.engine_asleep_gb = self.engine_resident_bytes / 2**30
 
     # ------------------------------------------------------------------ rollout
     def _push_weights(self) -> float:

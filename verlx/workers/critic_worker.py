@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from verlx.config.schema import PPOConfig
@@ -9,13 +10,18 @@ from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
+from verlx.utils.compile_cache import configure_compile_cache
 from verlx.utils.distributed import init_distributed
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
+from verlx.workers.auto_settings import resolve_critic_settings
 from verlx.workers.critic import PPOCritic
 from verlx.workers.engine import ModelSpec, engine_class
+from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
 from verlx.workers.perf import PhaseTimer, phase_metrics
+
+logger = logging.getLogger(__name__)
 
 
 class CriticWorker(Worker):
@@ -25,13 +31,19 @@ class CriticWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        cfg = self.config
-        critic = cfg.critic
-        init_distributed(timeout_s=cfg.actor_rollout_ref.nccl_timeout)
-        seed_everything(cfg.trainer.seed + 1000 + self.rank)
-        path = expand_path(critic.model.path or cfg.actor_rollout_ref.model.path)
+        init_distributed(timeout_s=self.config.actor_rollout_ref.nccl_timeout)
+        configure_compile_cache(self.config.trainer.compile_cache_dir, log=self.rank == 0)  # before anything compiles
+        process_baseline(self.device)  # the GPU's memory in use before this process builds anything
+        seed_everything(self.config.trainer.seed + 1000 + self.rank)
+        critic = self.config.critic
+        path = expand_path(critic.model.path or self.config.actor_rollout_ref.model.path)
         import_external_lib(critic.model.external_lib)
         self.hf_config = load_hf_config(path, critic.model.trust_remote_code, critic.model.override_config)
+        self.config, notes = resolve_critic_settings(self.config, self.hf_config, path, self.device, self.world_size)
+        if notes and self.rank == 0:
+            logger.info("critic: %s", "; ".join(notes))
+        cfg = self.config
+        critic = cfg.critic
         engine_cls = engine_class(critic.strategy, "critic.strategy")
         placement = engine_cls.place({"critic": critic}, self.hf_config, self.world_size)
         self.set_dispatch_info("critic", placement.dp_rank, placement.dp_size, placement.is_collect)
