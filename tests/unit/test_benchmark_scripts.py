@@ -46,6 +46,8 @@ def test_offload_memory_smoke_runs_both_variants(tmp_path):
         assert math.isfinite(step["actor/pg_loss"]) and step["actor/grad_norm"] > 0
         assert step["phase_peak_gib"] == {} and step["resident_at_gen_gib"] is None
     assert "| peak: update |" in proc.stdout
+    assert result["variants"]["offload"]["offloaded_gib"] == 0  # the CPU ignores offload: nothing moves
+    assert result["time_s"]["step"]["ratio"] > 0 and "| step (these phases) |" in proc.stdout
 
 
 def _variant(resident: float, peaks: dict) -> dict:
@@ -78,6 +80,21 @@ def test_offload_comparison_arithmetic_on_gpu_shaped_records(capsys):
     script.report(results, out)
     printed = capsys.readouterr().out
     assert "| step peak | 12.50 (generate) | 11.50 (generate) | 1.00 | 1.00 |" in printed
+
+
+def test_offload_time_ratio_per_phase_and_for_the_step(capsys):
+    script = _load_script("offload_memory")
+    results = {"no_offload": _variant(1.0, {}), "offload": _variant(0.0, {})}
+    results["no_offload"]["steps"][0]["timing_s"] = {"gen": 1.0, "actor_infer": 0.5, "ref": 0.5, "actor": 3.5}
+    results["offload"]["steps"][0]["timing_s"] = {"gen": 1.2, "actor_infer": 0.6, "ref": 0.7, "actor": 4.5}
+    results["offload"]["offloaded_gib"] = 23.0
+    times = script.time_comparison(results)
+    assert times["actor"] == {"no_offload": 3.5, "offload": 4.5, "ratio": pytest.approx(4.5 / 3.5)}
+    assert times["step"]["no_offload"] == 5.5 and times["step"]["offload"] == pytest.approx(7.0)
+    script.report_times(results)
+    printed = capsys.readouterr().out
+    assert "| update | 3.50 | 4.50 | 1.29× |" in printed
+    assert "the offloaded step is 1.27× the resident one (within the 1.5× target)" in printed
 
 
 def test_parity_2gpu_cpu_mode_matches_one_rank_in_fp32(tmp_path):

@@ -118,14 +118,16 @@ class ActorRolloutRefWorker(Worker):
             if model is not None:
                 model.engine.offload()
 
-    def _on_device(self, actor: bool = False, ref: bool = False, optimizer: bool = False) -> ExitStack:
-        """The offloaded parts a phase computes with, on the device for the `with` block (no-ops without offload).
+    def _on_device(self, actor: bool = False, ref: bool = False, optimizer: bool = False,
+                   overlap: bool = False) -> ExitStack:
+        """The offloaded parts a phase computes with, on the device for the `with` block (no-ops without offload);
+        `overlap` for phases that start with a forward pass (copies overlap compute, workers/fsdp/offload.py).
         A LoRA reference is the actor's own module with its adapters disabled, so it brings the actor's weights."""
         stack = ExitStack()
         if actor and self.actor is not None:
-            stack.enter_context(self.actor.engine.on_device(optimizer=optimizer))
+            stack.enter_context(self.actor.engine.on_device(optimizer=optimizer, overlap=overlap))
         if ref and self.ref is not None:
-            stack.enter_context(self.ref.engine.on_device())
+            stack.enter_context(self.ref.engine.on_device(overlap=overlap))
         return stack
 
     def _sp_size(self) -> int:
@@ -255,7 +257,7 @@ class ActorRolloutRefWorker(Worker):
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=False)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         timer = PhaseTimer(self.device)
-        with self._on_device(actor=True), timer.measure():
+        with self._on_device(actor=True, overlap=True), timer.measure():
             log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
         metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
                                 forward_only=True, share=1 / self._sp_size())
@@ -268,7 +270,7 @@ class ActorRolloutRefWorker(Worker):
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         timer = PhaseTimer(self.device)
-        with self._on_device(ref=True), timer.measure():
+        with self._on_device(ref=True, overlap=True), timer.measure():
             log_prob, _ = self.ref.compute_log_prob(data, micro, dynamic, max_tokens)
         metrics = phase_metrics("ref", self.hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
                                 share=1 / self._sp_size())
@@ -288,7 +290,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         full_kl = actor_cfg.use_kl_loss and kl_needs_full_distribution(actor_cfg.kl_loss_type)
         timer = PhaseTimer(self.device)
-        with self._on_device(actor=True, ref=full_kl, optimizer=True), timer.measure():
+        with self._on_device(actor=True, ref=full_kl, optimizer=True, overlap=True), timer.measure():
             metrics = self.actor.update_policy(data, sizes.mini, sizes.micro)
         seq_lens = sequence_lengths(data).tolist() * actor_cfg.ppo_epochs
         metrics.update(phase_metrics("actor", self.hf_config, seq_lens, timer, share=1 / self._sp_size()))

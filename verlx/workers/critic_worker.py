@@ -63,7 +63,7 @@ class CriticWorker(Worker):
         micro = self._micro(c.forward_micro_batch_size_per_gpu, c.forward_micro_batch_size) or self._micro(
             c.ppo_micro_batch_size_per_gpu, c.ppo_micro_batch_size)
         timer = PhaseTimer(self.device)
-        with self.critic.engine.on_device(), timer.measure():
+        with self.critic.engine.on_device(overlap=True), timer.measure():
             values = self.critic.compute_values(data, micro)
         metrics = phase_metrics("critic_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
                                 forward_only=True, share=1 / c.ulysses_sequence_parallel_size)
@@ -75,7 +75,7 @@ class CriticWorker(Worker):
         sizes = ppo_batch_sizes(c, self.config.actor_rollout_ref.rollout.n, self.dp_size)
         start = time.perf_counter()
         timer = PhaseTimer(self.device)
-        with self.critic.engine.on_device(optimizer=True), timer.measure():
+        with self.critic.engine.on_device(optimizer=True, overlap=True), timer.measure():
             metrics = self.critic.update_critic(data, sizes.mini, sizes.micro)
         metrics.update(phase_metrics("critic", self.hf_config, sequence_lengths(data).tolist() * c.ppo_epochs, timer,
                                      share=1 / c.ulysses_sequence_parallel_size))

@@ -76,7 +76,7 @@ class FSDPEngine(TrainingEngine):
         compile_for_training(module, spec.role.use_torch_compile, spec.device)
         if not spec.trainable:
             apply_fsdp2(module, spec.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward)
-            offloader = Offloader(spec.name, module, None, spec.device, fsdp.param_offload)
+            offloader = Offloader.for_config(spec.name, module, None, spec.device, fsdp.param_offload)
             return cls(spec.name, module, device=spec.device, offloader=offloader)
         return cls._trainable(spec, module, fsdp, placement)
 
@@ -87,8 +87,8 @@ class FSDPEngine(TrainingEngine):
                     cpu_offload=fsdp.offload_policy and spec.device.type == "cuda",
                     grad_divide_factor=placement.dp_size if sp_group is not None else None)
         optimizer = build_optimizer(module.parameters(), spec.role.optim)
-        offloader = Offloader(spec.name, module, optimizer, spec.device, fsdp.param_offload and not fsdp.offload_policy,
-                              fsdp.optimizer_offload)
+        offloader = Offloader.for_config(spec.name, module, optimizer, spec.device,
+                                         fsdp.param_offload and not fsdp.offload_policy, fsdp.optimizer_offload)
         lr_scheduler = build_lr_scheduler(optimizer, spec.role.optim, spec.total_steps)
         with_hf = spec.tokenizer is not None
         checkpoint = FSDPCheckpointManager(module, optimizer, lr_scheduler, spec.tokenizer,
@@ -146,8 +146,10 @@ class FSDPEngine(TrainingEngine):
         return metrics.reduce()
 
     # ------------------------------------------------------------------ state
-    def on_device(self, optimizer: bool = False):
-        return self.offloader.on_device(optimizer=optimizer) if self.offloader is not None else nullcontext()
+    def on_device(self, optimizer: bool = False, overlap: bool = False):
+        if self.offloader is None:
+            return nullcontext()
+        return self.offloader.on_device(optimizer=optimizer, overlap=overlap)
 
     def offload(self) -> None:
         if self.offloader is not None:
