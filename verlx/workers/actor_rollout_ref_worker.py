@@ -187,7 +187,7 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"role {self.role} has no rollout engine")
         timing = {}
         start = time.perf_counter()
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, "gen", self.rank)
         with timer.measure():
             if self.engine_asleep:
                 self.engine.wake_up(("weights",))
@@ -256,7 +256,7 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=False)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, "actor_infer", self.rank)
         with self._on_device(actor=True, overlap=True), timer.measure():
             log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
         metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
@@ -269,7 +269,7 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"role {self.role} has no reference model")
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, "ref", self.rank)
         with self._on_device(ref=True, overlap=True), timer.measure():
             log_prob, _ = self.ref.compute_log_prob(data, micro, dynamic, max_tokens)
         metrics = phase_metrics("ref", self.hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
@@ -289,7 +289,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", arr.rollout.temperature)
         start = time.perf_counter()
         full_kl = actor_cfg.use_kl_loss and kl_needs_full_distribution(actor_cfg.kl_loss_type)
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, "actor", self.rank)
         with self._on_device(actor=True, ref=full_kl, optimizer=True, overlap=True), timer.measure():
             metrics = self.actor.update_policy(data, sizes.mini, sizes.micro)
         seq_lens = sequence_lengths(data).tolist() * actor_cfg.ppo_epochs

@@ -62,7 +62,7 @@ class CriticWorker(Worker):
         c = self.config.critic
         micro = self._micro(c.forward_micro_batch_size_per_gpu, c.forward_micro_batch_size) or self._micro(
             c.ppo_micro_batch_size_per_gpu, c.ppo_micro_batch_size)
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, "critic_infer", self.rank)
         with self.critic.engine.on_device(overlap=True), timer.measure():
             values = self.critic.compute_values(data, micro)
         metrics = phase_metrics("critic_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
@@ -74,7 +74,7 @@ class CriticWorker(Worker):
         c = self.config.critic
         sizes = ppo_batch_sizes(c, self.config.actor_rollout_ref.rollout.n, self.dp_size)
         start = time.perf_counter()
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, "critic", self.rank)
         with self.critic.engine.on_device(optimizer=True, overlap=True), timer.measure():
             metrics = self.critic.update_critic(data, sizes.mini, sizes.micro)
         metrics.update(phase_metrics("critic", self.hf_config, sequence_lengths(data).tolist() * c.ppo_epochs, timer,

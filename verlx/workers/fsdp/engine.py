@@ -9,6 +9,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from verlx.models.lora import lora_scaling, merged_weights
 from verlx.models.ulysses import check_ulysses, sequence_parallel_group
@@ -28,6 +29,7 @@ from verlx.workers.fsdp.model_builder import (
 from verlx.workers.fsdp.offload import Offloader
 from verlx.workers.guarded_step import GuardedStepper
 from verlx.workers.micro_batching import MiniBatch, gradient_accumulation
+from verlx.workers.profiling import MICRO_BATCH, OPTIMIZER_STEP
 from verlx.workers.stats import MetricAccumulator, optimizer_state_bytes
 
 
@@ -140,8 +142,10 @@ class FSDPEngine(TrainingEngine):
         for mini in mini_batches:
             self.optimizer.zero_grad(set_to_none=True)
             for mb in gradient_accumulation(self.module, mini.micro_batches, self.defer_grad_reduce):
-                loss_fn(mb, self._run(mb, head), mini.counts).backward()
-            self.stepper.step(self.module, self.optimizer, self.grad_clip, metrics)
+                with record_function(MICRO_BATCH):  # markers for phase profiles (workers/profiling.py)
+                    loss_fn(mb, self._run(mb, head), mini.counts).backward()
+            with record_function(OPTIMIZER_STEP):
+                self.stepper.step(self.module, self.optimizer, self.grad_clip, metrics)
         self.optimizer.zero_grad(set_to_none=True)  # gradients are dead weight until the next update (rollout)
         return metrics.reduce()
 
