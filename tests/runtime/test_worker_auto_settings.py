@@ -1,5 +1,6 @@
 """Workers fill the keys a config leaves null (token budgets, dynamic batches, gradient checkpointing) when they
-start, log each choice once with its reason, and train with them; explicit values are kept."""
+start, report each choice with its reason (the driver logs rank 0's once), and train with them; explicit values are
+kept."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.distributed as dist
 
 from helpers.e2e import make_config
 from helpers.ppo_batches import ragged_ppo_batch
+from verlx.trainer.ppo_trainer import log_worker_settings
 from verlx.workers import micro_batching
 
 NO_MICRO_SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
@@ -43,11 +45,10 @@ def test_workers_decide_log_once_and_train_with_token_budgets(one_rank, tiny_mod
     cfg = make_config(tiny_model_dir, tmp_path, tmp_path, "trainer.n_gpus_per_node=1", "algorithm.adv_estimator=gae",
                       "actor_rollout_ref.actor.use_kl_loss=true", f"trainer.compile_cache_dir={tmp_path}/cache",
                       *NO_MICRO_SIZES)
-    with caplog.at_level(logging.INFO):
-        critic = CriticWorker(cfg)
-        critic.init_model()
-        actor = ActorRolloutRefWorker(cfg, role="actor_ref")
-        actor.init_model()
+    critic = CriticWorker(cfg)
+    critic_settings = critic.init_model()["settings"]
+    actor = ActorRolloutRefWorker(cfg, role="actor_ref")
+    actor_settings = actor.init_model()["settings"]
     arr = actor.config.actor_rollout_ref
     assert (arr.actor.use_dynamic_bsz, arr.rollout.log_prob_use_dynamic_bsz, arr.ref.log_prob_use_dynamic_bsz) == (
         True, True, True)
@@ -57,11 +58,15 @@ def test_workers_decide_log_once_and_train_with_token_budgets(one_rank, tiny_mod
     assert critic.config.critic.use_dynamic_bsz is True
     assert critic.config.critic.forward_max_token_len_per_gpu == 16_384
     assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu is None  # the driver's config is untouched
-    lines = [r.getMessage() for r in caplog.records if "auto →" in r.getMessage()]
-    assert len(lines) == 2 and lines[0].startswith("critic: ") and lines[1].startswith("actor: "), lines
-    assert "actor_rollout_ref.actor.use_dynamic_bsz auto → true (no micro-batch size set)" in lines[1]
-    cache_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compile caches")]
-    assert len(cache_lines) == 1 and f"{tmp_path}/cache/inductor" in cache_lines[0]
+    cache = tmp_path / "cache"
+    assert actor_settings[0] == critic_settings[0] == (
+        f"compile caches (trainer.compile_cache_dir): inductor {cache}/inductor, Triton {cache}/triton")
+    assert "actor_rollout_ref.actor.use_dynamic_bsz auto → true (no micro-batch size set)" in actor_settings
+    assert "critic.use_dynamic_bsz auto → true" in critic_settings
+    # the driver logs rank 0's choices once per worker group
+    with caplog.at_level(logging.INFO):
+        log_worker_settings("actor", [{"settings": actor_settings}, {"settings": actor_settings}])
+    assert [r.getMessage() for r in caplog.records] == ["actor: " + "; ".join(actor_settings)]
 
     budgets = []
     real = micro_batching.token_budget_micro_batches

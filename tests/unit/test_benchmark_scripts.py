@@ -154,3 +154,26 @@ def test_agent_loop_gpu_smoke_runs_multi_turn_grpo_on_cpu(tmp_path):
     assert row["tool/errors"] == 0 and row["multi_turn/template_mismatch"] == 0
     assert row["timing_s/gen"] > 0
     assert "| 1 | 3 | 2 |" in proc.stdout
+
+
+def test_grpo_step_smoke_reports_the_automatic_choices_and_a_profile_of_step_2(tmp_path):
+    proc = _run([sys.executable, "benchmarks/grpo_step_gpu.py", "--smoke", "--profile", "actor"], tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "grpo_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["response_length/mean"] == 8 for r in rows)
+    decisions = json.loads((tmp_path / "grpo_decisions.json").read_text())["run"]
+    assert decisions["actor_budget"] == 16384  # the CPU constant
+    assert "gradient checkpointing auto → off (CPU run)" in decisions["lines"][0]
+    summary = json.loads((tmp_path / "profile" / "actor_call2_rank0_summary.json").read_text())
+    assert summary["optimizer_steps"] == 2 and summary["micro_batches"] == 2  # 2 mini-batches of 2 prompts × 2
+    assert "| actor (2, 0) |" in proc.stdout
+
+
+def test_grpo_step_reads_the_budget_from_a_gpu_log_line():
+    script = _load_script("grpo_step_gpu")
+    text = ("(WorkerDict pid=1) noise\n[2026-11-30][verlx.trainer.ppo_trainer][INFO] - actor: "
+            "actor_rollout_ref.actor.use_dynamic_bsz auto → true (no micro-batch size set); "
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 65536 (usable 61.2 GiB = ...); "
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu auto → 65536 (resident 5.5 GiB)\n")
+    decisions = script.auto_decisions(text)
+    assert decisions["actor_budget"] == 65536 and len(decisions["lines"]) == 1
+    assert script.auto_decisions("no choices here") == {"lines": [], "actor_budget": None}

@@ -50,6 +50,6 @@ def test_null_leaves_torch_alone_and_the_users_environment_wins(tmp_path, monkey
     monkeypatch.delenv(compile_cache.TRITON_ENV, raising=False)
     assert compile_cache.configure_compile_cache(None) is None
     assert compile_cache.TRITON_ENV not in os.environ
-    dirs = compile_cache.configure_compile_cache(str(tmp_path / "verlx"), log=False)
+    dirs = compile_cache.configure_compile_cache(str(tmp_path / "verlx"))
     assert dirs == {compile_cache.INDUCTOR_ENV: str(tmp_path / "mine"),
                     compile_cache.TRITON_ENV: str(tmp_path / "verlx" / "triton")}

@@ -13,20 +13,17 @@ directory from the environment whenever it needs it, so setting the variable aft
 
 from __future__ import annotations
 
-import logging
 import os
 
 from verlx.utils.paths import expand_path
 
-logger = logging.getLogger(__name__)
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
-_logged: list[str] = []
 
 
-def configure_compile_cache(path: str | None, log: bool = True) -> dict[str, str] | None:
+def configure_compile_cache(path: str | None) -> dict[str, str] | None:
     """Point inductor's and Triton's caches into `path` and switch inductor's FX-graph and AOT-autograd caches on;
-    returns the directories in effect (None: `path` is null, torch's defaults stay). Logs once per process."""
+    returns the directories in effect (None: `path` is null, torch's defaults stay)."""
     if path is None:
         return None
     import torch._functorch.config as functorch_config
@@ -44,8 +41,12 @@ def configure_compile_cache(path: str | None, log: bool = True) -> dict[str, str
         os.makedirs(dirs[env], exist_ok=True)
     inductor_config.fx_graph_cache = True
     functorch_config.enable_autograd_cache = True
-    if log and not _logged:
-        _logged.append(root)
-        logger.info("compile caches (trainer.compile_cache_dir; null leaves torch's defaults): inductor %s, Triton %s",
-                    dirs[INDUCTOR_ENV], dirs[TRITON_ENV])
     return dirs
+
+
+def compile_cache_note(path: str | None) -> list[str]:
+    """configure_compile_cache, and the line a worker reports about it (the driver logs it once)."""
+    dirs = configure_compile_cache(path)
+    if dirs is None:
+        return ["trainer.compile_cache_dir=null: torch's own compile caches"]
+    return [f"compile caches (trainer.compile_cache_dir): inductor {dirs[INDUCTOR_ENV]}, Triton {dirs[TRITON_ENV]}"]

@@ -15,7 +15,7 @@ from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
-from verlx.utils.compile_cache import configure_compile_cache
+from verlx.utils.compile_cache import compile_cache_note
 from verlx.utils.distributed import init_distributed
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
@@ -55,15 +55,16 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> dict:
         arr = self.config.actor_rollout_ref
         model_path = self._init_process_and_model_metadata()
-        configure_compile_cache(self.config.trainer.compile_cache_dir, log=self.rank == 0)  # before anything compiles
+        settings = compile_cache_note(self.config.trainer.compile_cache_dir)  # before anything compiles
         process_baseline(self.device)  # the GPU's memory in use before this process builds anything
         import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
         if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
         if self.is_actor or self.is_ref:
-            self._resolve_auto_settings(model_path)
+            settings += self._resolve_auto_settings(model_path)
             self._init_training(model_path)
-        return {"rank": self.rank, "device": str(self.device)}
+        # what verlx chose for the keys left open: the driver logs rank 0's (worker logs are not shown at INFO)
+        return {"rank": self.rank, "device": str(self.device), "settings": settings}
 
     def _init_process_and_model_metadata(self) -> str:
         """The process group, seeds, tokenizer and HF config; returns the expanded model path."""
@@ -77,13 +78,12 @@ class ActorRolloutRefWorker(Worker):
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         return model_path
 
-    def _resolve_auto_settings(self, model_path: str) -> None:
+    def _resolve_auto_settings(self, model_path: str) -> list[str]:
         """Fill the keys left null (token budgets, dynamic batches, gradient checkpointing) from the memory estimate of
-        this GPU (workers/memory_plan); logged once, on rank 0."""
+        this GPU (workers/memory_plan); returns the choices with their numbers."""
         self.config, notes = resolve_actor_settings(self.config, self.hf_config, model_path, self.device,
                                                     self.world_size, self.engine_resident_bytes)
-        if notes and self.rank == 0:
-            logger.info("actor: %s", "; ".join(notes))
+        return notes
 
     def _init_training(self, model_path: str) -> None:
         """The actor's and the reference's training engines (actor_rollout_ref.actor.strategy) on one placement."""

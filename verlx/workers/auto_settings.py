@@ -276,6 +276,9 @@ def _fill_flags(cfg) -> list[str]:
             ("actor_rollout_ref.ref", arr.ref, "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu",
              "log_prob_micro_batch_size")):
         if getattr(section, flag) is None:
+            if section is arr.ref and not cfg.use_reference:
+                section.log_prob_use_dynamic_bsz = False  # no reference phase runs
+                continue
             value = dynamic_batches(None, _micro(getattr(section, per_gpu), getattr(section, global_size)))
             setattr(section, flag, value)
             why = "no micro-batch size set" if value else f"{key}.{per_gpu} is set"

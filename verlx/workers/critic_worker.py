@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 
 from verlx.config.schema import PPOConfig
@@ -10,7 +9,7 @@ from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
-from verlx.utils.compile_cache import configure_compile_cache
+from verlx.utils.compile_cache import compile_cache_note
 from verlx.utils.distributed import init_distributed
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
@@ -21,8 +20,6 @@ from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
 from verlx.workers.perf import PhaseTimer, phase_metrics
 
-logger = logging.getLogger(__name__)
-
 
 class CriticWorker(Worker):
     def __init__(self, config: PPOConfig):
@@ -30,9 +27,9 @@ class CriticWorker(Worker):
         self.config = config
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
+    def init_model(self) -> dict:
         init_distributed(timeout_s=self.config.actor_rollout_ref.nccl_timeout)
-        configure_compile_cache(self.config.trainer.compile_cache_dir, log=self.rank == 0)  # before anything compiles
+        settings = compile_cache_note(self.config.trainer.compile_cache_dir)  # before anything compiles
         process_baseline(self.device)  # the GPU's memory in use before this process builds anything
         seed_everything(self.config.trainer.seed + 1000 + self.rank)
         critic = self.config.critic
@@ -40,8 +37,6 @@ class CriticWorker(Worker):
         import_external_lib(critic.model.external_lib)
         self.hf_config = load_hf_config(path, critic.model.trust_remote_code, critic.model.override_config)
         self.config, notes = resolve_critic_settings(self.config, self.hf_config, path, self.device, self.world_size)
-        if notes and self.rank == 0:
-            logger.info("critic: %s", "; ".join(notes))
         cfg = self.config
         critic = cfg.critic
         engine_cls = engine_class(critic.strategy, "critic.strategy")
@@ -53,6 +48,7 @@ class CriticWorker(Worker):
                          max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite_updates)
         self.critic = PPOCritic(critic, engine_cls.build(spec, placement))
         self.critic.engine.offload()
+        return {"settings": settings + notes}  # the driver logs rank 0's choices
 
     def _micro(self, per_gpu: int | None, global_size: int | None) -> int | None:
         return per_gpu_micro_batch_size(per_gpu, global_size, self.dp_size)
