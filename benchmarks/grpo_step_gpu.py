@@ -42,7 +42,9 @@ SHOWN = ("timing_s/step", "timing_s/gen", "timing_s/update_weights", "timing_s/r
          "timing_s/ref", "timing_s/adv", "timing_s/update_actor", "perf/throughput", "perf/max_memory_allocated_gb",
          "perf/max_memory_allocated_gb/gen", "perf/mfu/actor", "response_length/mean", "rollout/logprob_diff",
          "rollout/engine_asleep_gb", "actor/entropy", "actor/pg_loss")
-AUTO_BUDGET = re.compile(r"actor_rollout_ref\.actor\.ppo_max_token_len_per_gpu[^→\n]*→ (\d+)")
+AUTO_BUDGETS = {key: re.compile(rf"actor_rollout_ref\.{name}[^→\n]*→ (\d+)")
+                for key, name in (("actor_budget", r"actor\.ppo_max_token_len_per_gpu"),
+                                  ("log_prob_budget", r"rollout\.log_prob_max_token_len_per_gpu"))}
 PROFILE_SHOWN = ("wall_s", "device_busy_s", "device_idle_s", "device_busy_fraction", "micro_batches",
                  "host_syncs_per_micro_batch", "sync_ops_per_micro_batch", "compiled_graphs")
 
@@ -128,11 +130,11 @@ def print_rows(rows: list[dict], label: str = "") -> None:
 
 
 def auto_decisions(log_text: str) -> dict:
-    """The workers' automatic choices from a run's log: the lines, and the actor's token budget."""
+    """The workers' automatic choices from a run's log: the lines, and the actor's training and log-prob budgets."""
     lines = sorted({line.split("actor: ", 1)[1].strip() for line in log_text.splitlines() if "actor: " in line
                     and "auto →" in line})
-    budget = AUTO_BUDGET.search(log_text)
-    return {"lines": lines, "actor_budget": int(budget.group(1)) if budget else None}
+    found = {key: pattern.search(log_text) for key, pattern in AUTO_BUDGETS.items()}
+    return {"lines": lines, **{key: int(m.group(1)) if m else None for key, m in found.items()}}
 
 
 def load_json(path: str):
