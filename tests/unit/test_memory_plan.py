@@ -44,13 +44,14 @@ def test_activation_bytes_per_token_of_the_05b_shape():
     assert attention == 4152
     assert me.layer_activation_bytes(s, compiled=False) == 2 * (4 * 896 + 2 * 896 + 4) + 4 * 896 + 4152 + 8 * 4864
     assert me.layer_activation_bytes(s, compiled=False) == 57_408
-    assert me.layer_activation_bytes(s, compiled=True) == 2 * (2 * 896 + 4) + 4152 + 4 * 4864 == 27_200
+    # compiled: bf16 norm inputs and outputs with the fp32 rstd; gate, up and their product
+    assert me.layer_activation_bytes(s, compiled=True) == 2 * (2 * 896 + 2 * 896 + 4) + 4152 + 6 * 4864 == 40_512
     assert me.head_activation_bytes(s, compiled=True) == (2 * 896 + 4) + 2 * 896 + 20 == 3_608
-    # every layer keeps 27,200 B; one layer's eager tensors again for the gradients in flight; the head
-    assert me.training_activation_bytes(s, checkpointing=False, compiled=True) == 24 * 27_200 + 57_408 + 3_608
-    assert me.training_activation_bytes(s, checkpointing=False, compiled=True) == 713_816  # 0.68 MiB/token
+    # every layer keeps 40,512 B; one layer's eager tensors again for the gradients in flight; the head
+    assert me.training_activation_bytes(s, checkpointing=False, compiled=True) == 24 * 40_512 + 57_408 + 3_608
+    assert me.training_activation_bytes(s, checkpointing=False, compiled=True) == 1_033_304  # 0.99 MiB/token
     # checkpointing: each layer keeps its bf16 input (2 × 896), one layer is recomputed at a time
-    assert me.training_activation_bytes(s, checkpointing=True, compiled=True) == 24 * 1_792 + 27_200 + 57_408 + 3_608
+    assert me.training_activation_bytes(s, checkpointing=True, compiled=True) == 24 * 1_792 + 40_512 + 57_408 + 3_608
     assert me.forward_activation_bytes(s, compiled=True) == 57_408 + 3_608
 
 
@@ -58,11 +59,11 @@ def test_activation_bytes_per_token_of_the_15b_shape():
     s = shape(QWEN_15B)
     attention = 2 * (1536 + 2 * 256) + 2 * 1536 + 4 * 12
     assert attention == 7_216
-    assert me.layer_activation_bytes(s, compiled=True) == 2 * (2 * 1536 + 4) + 7_216 + 4 * 8960 == 49_208
+    assert me.layer_activation_bytes(s, compiled=True) == 2 * (4 * 1536 + 4) + 7_216 + 6 * 8960 == 73_272
     assert me.layer_activation_bytes(s, compiled=False) == 2 * (6 * 1536 + 4) + 4 * 1536 + 7_216 + 8 * 8960
     assert me.layer_activation_bytes(s, compiled=False) == 103_480
     head = (2 * 1536 + 4) + 2 * 1536 + 20
-    assert me.training_activation_bytes(s, checkpointing=False, compiled=True) == 28 * 49_208 + 103_480 + head
+    assert me.training_activation_bytes(s, checkpointing=False, compiled=True) == 28 * 73_272 + 103_480 + head
 
 
 def test_logits_chunk_fsdp_working_set_and_model_state():
@@ -90,45 +91,49 @@ def grpo_config(*extra) -> PPOConfig:
     return build(PPOConfig, to_container(load_yaml(overrides=[f"{k}={v}" for k, v in base.items()])))
 
 
-# 24 GiB GPU, 1 GiB held by others: usable = int(0.9 × 25,769,803,776) − 1,073,741,824 = 22,119,081,574
+# 24 and 32 GiB GPUs, 1 GiB held by others: usable = int(0.9 × 25,769,803,776) − 1,073,741,824 = 22,119,081,574
+# and int(0.9 × 34,359,738,368) − 1,073,741,824 = 29,850,022,707
 GPU_24 = GpuMemory(total=24 * GIB, held_by_others=GIB)
+GPU_32 = GpuMemory(total=32 * GIB, held_by_others=GIB)
 STATIC_05B = 16 * 494_032_768  # fp32 weights, gradients, Adam m and v
 FSDP_05B = 331_920_640 + 6 * (136_135_552 + 14_912_384)
 LOGITS_05B = 2_489_319_424
 
 
-def plan(cfg, fields=QWEN_05B, memory=GPU_24):
+def plan(cfg, fields=QWEN_05B, memory=GPU_32):
     choices = auto_settings.actor_choices(cfg, dp=1)
     return choices, auto_settings.plan_role(cfg, "actor", shape(fields), memory, 1, choices)
 
 
 def test_a_micro_batch_that_fits_keeps_checkpointing_off_and_gets_the_largest_budget():
-    assert GPU_24.usable == 22_119_081_574
+    assert (GPU_24.usable, GPU_32.usable) == (22_119_081_574, 29_850_022_707)
     # mini-batch 8 prompts × 4 samples of at most 64 + 256 tokens: 10,240 tokens, under the 16,384 target
     choices, decision = plan(grpo_config("actor_rollout_ref.actor.ppo_mini_batch_size=8"))
     assert choices.target_tokens == 10_240
-    # peak at 10,240 tokens without checkpointing: 7.90 + 1.24 + 2.49 + 10,240 × 713,816 B = 18.94 GB ≤ 22.12 GB
-    assert STATIC_05B + FSDP_05B + LOGITS_05B + 10_240 * 713_816 == 18_941_527_808
+    # peak at 10,240 tokens without checkpointing: 7.90 + 1.24 + 2.49 + 10,240 × 1,033,304 B = 22.21 GB ≤ 29.85 GB
+    assert STATIC_05B + FSDP_05B + LOGITS_05B + 10_240 * 1_033_304 == 22_213_084_928
     assert decision.checkpointing is False
-    # (22,119,081,574 − 7,904,524,288 − 1,238,208,256 − 2,489,319,424) / 713,816 = 14,691.6 → 14,592 (× 256)
-    assert decision.update_budget == 14_592
+    # (29,850,022,707 − 7,904,524,288 − 1,238,208,256 − 2,489,319,424) / 1,033,304 = 17,630.8 → 17,408 (× 256)
+    assert decision.update_budget == 17_408
     # the log-prob phases hold the weights and Adam (no gradients): 61,016 B/token leaves more than the cap
     assert choices.forward_budget_keys == ["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"]
     assert decision.forward_budget == 65_536
     text = "; ".join(decision.notes)
-    assert "gradient checkpointing auto → off (estimated peak without it 17.6 GiB ≤ usable 20.6 GiB" in text
-    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 14592" in text
-    assert "activations 0.68 MiB/token with checkpointing off" in text
+    assert "gradient checkpointing auto → off (estimated peak without it 20.7 GiB ≤ usable 27.8 GiB" in text
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 17408" in text
+    assert "activations 0.99 MiB/token with checkpointing off" in text
 
 
 def test_a_micro_batch_that_does_not_fit_turns_checkpointing_on():
-    # mini-batch 32 × 4 samples: the target is 16,384 tokens; 23.33 GB without checkpointing > 22.12 GB usable
-    choices, decision = plan(grpo_config("actor_rollout_ref.actor.ppo_mini_batch_size=32"))
+    # mini-batch 32 × 4 samples: the target is 16,384 tokens; 28.56 GB without checkpointing > 22.12 GB usable
+    choices, decision = plan(grpo_config("actor_rollout_ref.actor.ppo_mini_batch_size=32"), memory=GPU_24)
     assert choices.target_tokens == 16_384
-    assert STATIC_05B + FSDP_05B + LOGITS_05B + 16_384 * 713_816 == 23_327_213_312
+    assert STATIC_05B + FSDP_05B + LOGITS_05B + 16_384 * 1_033_304 == 28_561_704_704
     assert decision.checkpointing is True
-    # with checkpointing 131,224 B/token: 10,487,029,606 / 131,224 = 79,917 tokens, capped at 65,536
-    assert decision.update_budget == 65_536
+    # with checkpointing 144,536 B/token: 10,487,029,606 / 144,536 = 72,556 tokens, capped at 32,768
+    assert decision.update_budget == 32_768
+    # the same micro-batch fits a 32 GiB GPU without checkpointing
+    assert plan(grpo_config("actor_rollout_ref.actor.ppo_mini_batch_size=32"))[1].checkpointing is False
 
 
 def test_explicit_settings_win():
@@ -152,12 +157,12 @@ def test_a_run_that_cannot_fit_even_with_checkpointing_and_offload_names_the_num
 
 
 def test_a_derived_budget_below_the_longest_sequence_is_an_error_naming_both_numbers():
-    # checkpointing off by the user and 32k-token responses: 14,592 tokens fit, a sequence has 33,280
+    # checkpointing off by the user and 32k-token responses: 17,408 tokens fit, a sequence has 33,280
     cfg = grpo_config("data.max_response_length=33216", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
                       "actor_rollout_ref.actor.ppo_mini_batch_size=8")
     with pytest.raises(MemoryPlanError) as info:
         plan(cfg)
-    assert ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 14592 tokens from the GPU's free memory with "
+    assert ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 17408 tokens from the GPU's free memory with "
             "gradient checkpointing off, smaller than the longest sequence, data.max_prompt_length + "
             "data.max_response_length = 33280 tokens") in str(info.value)
 

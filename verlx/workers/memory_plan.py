@@ -5,7 +5,7 @@
 - `ppo_max_token_len_per_gpu` / `log_prob_max_token_len_per_gpu` / the critic's budgets null: the largest token
   budget whose estimated peak fits in SAFETY × the GPU's memory, less what other processes and the sleeping rollout
   engine hold and what every model of this GPU keeps resident in that phase (offload settings respected), capped at
-  MAX_AUTO_TOKENS and rounded down to a multiple of ROUND_TO.
+  MAX_UPDATE_TOKENS (training) or MAX_FORWARD_TOKENS (log-probs, values) and rounded down to a multiple of ROUND_TO.
 - `enable_gradient_checkpointing` null: off when a micro-batch of the target size (the budget the user set, the
   fixed micro-batch × the longest sequence, or EFFICIENT_MICRO_BATCH_TOKENS) fits without it; on otherwise.
 
@@ -42,7 +42,10 @@ logger = logging.getLogger(__name__)
 
 SAFETY = 0.9  # of the GPU's memory the estimate may plan for: fragmentation, workspaces and kernels get the rest
 EFFICIENT_MICRO_BATCH_TOKENS = 16384  # beyond this a micro-batch is barely faster per token on an H100
-MAX_AUTO_TOKENS = 65536
+# beyond ~10-16k tokens a micro-batch's update is no faster per token on an H100 (docs/benchmarks.md: 1.5B at 13,824
+# tokens 38.6% MFU, at 9,216 39.3%); the caps keep the rest of the memory in reserve for errors of the estimate
+MAX_UPDATE_TOKENS = 32768
+MAX_FORWARD_TOKENS = 65536
 CPU_TOKEN_BUDGET = 16384
 ROUND_TO = 256
 _baselines: dict[str, int] = {}
@@ -141,16 +144,16 @@ class Workload:
     def update_budget(self, static: int, memory: GpuMemory, checkpointing: bool) -> int:
         room = memory.usable - static - fsdp_working_bytes(self.shape, training=True)
         room -= logits_chunk_bytes(self.shape, self.chunk, self.compiled, training=True)
-        return _rounded(room * self.sp // self.activation_bytes(checkpointing))
+        return _rounded(room * self.sp // self.activation_bytes(checkpointing), MAX_UPDATE_TOKENS)
 
     def forward_budget(self, static: int, memory: GpuMemory) -> int:
         room = memory.usable - static - fsdp_working_bytes(self.shape, training=False)
         room -= logits_chunk_bytes(self.shape, self.chunk, self.compiled, training=False)
-        return _rounded(room * self.sp // forward_activation_bytes(self.shape, self.compiled))
+        return _rounded(room * self.sp // forward_activation_bytes(self.shape, self.compiled), MAX_FORWARD_TOKENS)
 
 
-def _rounded(tokens: int) -> int:
-    return max(min(tokens, MAX_AUTO_TOKENS) // ROUND_TO * ROUND_TO, 0)
+def _rounded(tokens: int, cap: int) -> int:
+    return max(min(tokens, cap) // ROUND_TO * ROUND_TO, 0)
 
 
 def _gib(n: int) -> str:
@@ -217,7 +220,8 @@ def decide(work: Workload, choices: RoleChoices, memory: GpuMemory, static_updat
             f"{choices.update_budget_key} auto → {budget} ({memory.describe()}; resident in the update "
             f"{_gib(static_update)} of weights, gradients and optimizer states; activations "
             f"{work.activation_bytes(decision.checkpointing) / work.sp / MIB:.2f} MiB/token with checkpointing "
-            f"{'on' if decision.checkpointing else 'off'})")
+            f"{'on' if decision.checkpointing else 'off'}; estimated peak "
+            f"{_gib(work.update_peak(static_update, budget, decision.checkpointing))})")
     if choices.forward_budget_keys:
         budget = work.forward_budget(static_forward, memory)
         for key in choices.forward_budget_keys:
