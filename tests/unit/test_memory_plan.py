@@ -219,3 +219,19 @@ def test_the_driver_rejects_a_run_that_cannot_fit_before_ray_starts(tmp_path, mo
     validate(cfg, check_files=False)
     monkeypatch.setattr(gpu_info, "visible_gpu_total_bytes", lambda: None)  # no NVML: the workers check
     assert auto_settings.memory_problems(cfg, 1) == []
+
+
+def test_models_the_estimate_does_not_describe_get_the_constants(tmp_path, monkeypatch):
+    """A mixture-of-experts config (or one without the dense fields) is not estimated: fixed budgets, checkpointing
+    on, and the reason in the log line."""
+    from types import SimpleNamespace
+
+    moe = Qwen2Config(**QWEN_05B)
+    moe.num_experts = 8
+    assert auto_settings.unestimated(moe) == "a mixture-of-experts model"
+    assert auto_settings.unestimated(SimpleNamespace(hidden_size=8)) == (
+        "its config has no num_hidden_layers, num_attention_heads, intermediate_size, vocab_size")
+    assert auto_settings.unestimated(Qwen2Config(**QWEN_05B)) is None
+    monkeypatch.setattr(auto_settings, "gpu_memory", lambda device, asleep=0: GPU_32)  # as if on a GPU
+    _, notes = auto_settings.resolve_actor_settings(grpo_config(), moe, str(tmp_path), torch.device("cpu"), 1)
+    assert "gradient checkpointing auto → on (no memory estimate for a mixture-of-experts model)" in notes

@@ -210,6 +210,20 @@ def agreed_memory(memory: GpuMemory) -> GpuMemory:
     return GpuMemory(-int(t[2]), int(t[0]), int(t[1]))
 
 
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def unestimated(hf_config) -> str | None:
+    """Why the estimate cannot describe this model (it knows dense decoders of the Qwen2 / Llama family)."""
+    missing = [f for f in SHAPE_FIELDS if not isinstance(getattr(hf_config, f, None), int)]
+    if missing:
+        return f"its config has no {', '.join(missing)}"
+    if any(getattr(hf_config, f, None) for f in EXPERT_FIELDS):
+        return "a mixture-of-experts model"
+    return None
+
+
 def decide_on_device(cfg, name: str, hf_config, model_path: str, device: torch.device, world_size: int,
                      choices: RoleChoices, asleep_engine: int = 0) -> Decision:
     strategy = (cfg.actor_rollout_ref.actor if name == "actor" else cfg.critic).strategy
@@ -219,6 +233,8 @@ def decide_on_device(cfg, name: str, hf_config, model_path: str, device: torch.d
         return constant_decision(choices, longest, False, "CPU run")
     if strategy not in FSDP_STRATEGIES:
         return constant_decision(choices, longest, True, f"strategy {strategy}")
+    if (why := unestimated(hf_config)) is not None:
+        return constant_decision(choices, longest, True, f"no memory estimate for {why}")
     shape = model_shape(hf_config, model_path)
     return plan_role(cfg, name, shape, agreed_memory(memory), world_size, choices)
 
@@ -294,7 +310,7 @@ def memory_problems(cfg, world_size: int) -> list[str]:
         return []
     total = visible_gpu_total_bytes()
     shape_cfg = read_hf_shape(cfg.actor_rollout_ref.model.path)
-    if total is None or shape_cfg is None:
+    if total is None or shape_cfg is None or unestimated(shape_cfg) is not None:
         return []
     memory = GpuMemory(total)
     shape = model_shape(shape_cfg, cfg.actor_rollout_ref.model.path)
