@@ -235,3 +235,15 @@ def test_models_the_estimate_does_not_describe_get_the_constants(tmp_path, monke
     monkeypatch.setattr(auto_settings, "gpu_memory", lambda device, asleep=0: GPU_32)  # as if on a GPU
     _, notes = auto_settings.resolve_actor_settings(grpo_config(), moe, str(tmp_path), torch.device("cpu"), 1)
     assert "gradient checkpointing auto → on (no memory estimate for a mixture-of-experts model)" in notes
+
+
+def test_the_actor_leaves_the_critic_budgets_to_the_critic():
+    cfg = grpo_config("algorithm.adv_estimator=gae")  # a critic, no reference
+    choices = auto_settings.actor_choices(cfg, dp=1)
+    assert choices.forward_budget_keys == ["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"]
+    critic = auto_settings.critic_choices(cfg, dp=1)
+    assert (critic.update_budget_key, critic.forward_budget_keys) == (
+        "critic.ppo_max_token_len_per_gpu", ["critic.forward_max_token_len_per_gpu"])
+    with_ref = auto_settings.actor_choices(grpo_config("actor_rollout_ref.actor.use_kl_loss=true"), dp=1)
+    assert with_ref.forward_budget_keys == ["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                                            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"]

@@ -38,6 +38,8 @@ ACTOR = "actor_rollout_ref.actor"
 ROLLOUT_BUDGET = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
 REF_BUDGET = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 def _uses_critic(cfg) -> bool:
@@ -88,19 +90,25 @@ def _target_tokens(dynamic: bool, budget: int | None, micro: int | None, mini_sa
 
 # ---------------------------------------------------------------------------------------------- model sizes
 def read_hf_shape(path: str) -> SimpleNamespace | None:
-    """The fields ModelShape reads, from `path`/config.json without transformers (the driver's check); None when
-    the file is missing or lacks them."""
+    """`path`/config.json's fields (a multimodal model's text_config merged in), read without transformers for the
+    driver's check; None when the file cannot be read."""
     config_file = os.path.join(expand_path(path), "config.json")
     try:
         with open(config_file) as fh:
             raw = json.load(fh)
     except (OSError, ValueError):
         return None
-    raw = {**raw, **raw.get("text_config", {})}
-    needed = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-    if not all(isinstance(raw.get(k), int) for k in needed):
-        return None
-    return SimpleNamespace(**raw)
+    return SimpleNamespace(**{**raw, **raw.get("text_config", {})})
+
+
+def unestimated(hf_config) -> str | None:
+    """Why the estimate cannot describe this model (it knows dense decoders of the Qwen2 / Llama family)."""
+    missing = [f for f in SHAPE_FIELDS if not isinstance(getattr(hf_config, f, None), int)]
+    if missing:
+        return f"its config has no {', '.join(missing)}"
+    if any(getattr(hf_config, f, None) for f in EXPERT_FIELDS):
+        return "a mixture-of-experts model"
+    return None
 
 
 def model_shape(hf_config, model_path: str | None) -> ModelShape:
@@ -148,7 +156,8 @@ def actor_choices(cfg, dp: int) -> RoleChoices:
     a = arr.actor
     micro = _micro(a.ppo_micro_batch_size_per_gpu, a.ppo_micro_batch_size, dp)
     dynamic = dynamic_batches(a.use_dynamic_bsz, micro)
-    open_forward = [key for key, budget, dyn in dynamic_phases(cfg)[1:3] if dyn and budget is None]
+    open_forward = [key for key, budget, dyn in dynamic_phases(cfg)
+                    if key in (ROLLOUT_BUDGET, REF_BUDGET) and dyn and budget is None]
     return RoleChoices(
         key=ACTOR, checkpointing=arr.model.enable_gradient_checkpointing,
         update_budget_key=f"{ACTOR}.ppo_max_token_len_per_gpu" if dynamic and a.ppo_max_token_len_per_gpu is None
@@ -208,20 +217,6 @@ def agreed_memory(memory: GpuMemory) -> GpuMemory:
     t = torch.tensor([memory.held_by_others, memory.asleep_engine, -memory.total], dtype=torch.long)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return GpuMemory(-int(t[2]), int(t[0]), int(t[1]))
-
-
-SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
-
-
-def unestimated(hf_config) -> str | None:
-    """Why the estimate cannot describe this model (it knows dense decoders of the Qwen2 / Llama family)."""
-    missing = [f for f in SHAPE_FIELDS if not isinstance(getattr(hf_config, f, None), int)]
-    if missing:
-        return f"its config has no {', '.join(missing)}"
-    if any(getattr(hf_config, f, None) for f in EXPERT_FIELDS):
-        return "a mixture-of-experts model"
-    return None
 
 
 def decide_on_device(cfg, name: str, hf_config, model_path: str, device: torch.device, world_size: int,
