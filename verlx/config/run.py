@@ -131,6 +131,7 @@ class TrainerConfig:
     max_restarts: int = 0
     max_consecutive_nonfinite_updates: int = 3
     progress_bar: bool = True
+    compile_cache_dir: str | None = "~/.cache/verlx/compile"
 
     @property
     def loggers(self) -> list[str]:
