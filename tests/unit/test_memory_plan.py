@@ -205,7 +205,7 @@ def test_cpu_workers_use_the_documented_constants_and_log_each_choice(tmp_path):
 
 def test_the_driver_rejects_a_run_that_cannot_fit_before_ray_starts(tmp_path, monkeypatch):
     from verlx.config.loader import ConfigError
-    from verlx.config.validation import validate
+    from verlx.trainer.preflight import validate
     from verlx.utils import gpu_info
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", **QWEN_15B}))
