@@ -118,6 +118,15 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             self.received: list[list[tuple[str, Any]]] = []
             state.engines.append(self)
 
+        def _clipped(self, prompt, sampling_params: dict) -> dict:
+            """SGLang's scheduler: max_new_tokens ≤ context_length - len(prompt) - 2 (its max_req_len is
+            context_length - 1, less one more token)."""
+            context = self.kwargs.get("context_length")
+            if context is None:
+                return sampling_params
+            return {**sampling_params,
+                    "max_new_tokens": min(sampling_params["max_new_tokens"], context - len(prompt) - 2)}
+
         def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, **kwargs):
             state.calls.append(("generate", [list(p) for p in input_ids], dict(sampling_params), return_logprob))
             if self.released:
@@ -125,7 +134,7 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             outputs = []
             for p in input_ids:
                 for s in range(sampling_params.get("n", 1)):
-                    tokens, lps, reason = state.completion(p, s, sampling_params)
+                    tokens, lps, reason = state.completion(p, s, self._clipped(p, sampling_params))
                     finish = {"type": reason}
                     if len(outputs) in state.abort_samples:
                         finish = {"type": "abort", "message": state.abort_samples[len(outputs)]}
@@ -146,7 +155,7 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             if self.released:
                 raise RuntimeError(f"generate while {sorted(self.released)} are released")
             await asyncio.sleep(0)
-            tokens, lps, reason = state.completion(list(input_ids), 0, sampling_params)
+            tokens, lps, reason = state.completion(list(input_ids), 0, self._clipped(input_ids, sampling_params))
             meta = {"id": f"a{len(state.calls)}", "prompt_tokens": len(input_ids), "completion_tokens": len(tokens),
                     "cached_tokens": 0, "finish_reason": {"type": reason}}
             if return_logprob:

@@ -11,6 +11,7 @@ import torch
 
 from engine_fakes.contexts import EOS, left_padded_prompts, make_ctx, trainer_weights
 from engine_fakes.fake_sglang import install_fake_sglang
+from verlx.protocol import DataProto
 from verlx.rollout.engine_versions import UnsupportedEngineVersion
 from verlx.rollout.residency import EngineStateError
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
@@ -55,7 +56,7 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
         model_path=model, tokenizer_path=model, skip_tokenizer_init=True, trust_remote_code=False, dtype="bfloat16",
         load_format="dummy", mem_fraction_static=0.5, enable_memory_saver=True, enable_weights_cpu_backup=True,
         tp_size=1, dp_size=1, base_gpu_id=0, gpu_id_step=1, nnodes=1, node_rank=0, dist_init_addr=None,
-        port=30000, nccl_port=30001, random_seed=5, context_length=14, max_running_requests=256,
+        port=30000, nccl_port=30001, random_seed=5, context_length=16, max_running_requests=256,
         chunked_prefill_size=8192, disable_cuda_graph=False, disable_radix_cache=False, log_level="error",
     )
     assert env == {
@@ -129,6 +130,18 @@ def test_generate_returns_the_shared_layout(fake, tmp_path):
     assert torch.allclose(out.batch["rollout_log_probs"], expected)
     assert list(out.non_tensor_batch["uid"]) == ["a", "a", "b", "b"]
     assert out.batch["input_ids"].shape == (4, 10)
+
+
+def test_forced_responses_of_a_full_length_prompt_keep_every_token(fake, tmp_path):
+    """SGLang clips max_new_tokens to context_length - prompt - 2; the engine's context leaves room for that, so a
+    prompt of prompt_length with ignore_eos gets all response_length tokens (on the GPU they came back 2 short)."""
+    fake("0.5.17")
+    engine = build(tmp_path, load_format="auto")
+    ids = torch.arange(8).unsqueeze(0) + 20
+    prompts = DataProto({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                         "position_ids": torch.arange(8).unsqueeze(0)}, {"uid": ["a"]}, {"ignore_eos": True})
+    out = engine.generate(prompts)
+    assert out.batch["response_mask"].sum().item() == 6
 
 
 def test_random_or_discarded_weights_need_a_complete_push(fake, tmp_path):

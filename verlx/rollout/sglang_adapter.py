@@ -23,6 +23,9 @@ from verlx.utils.registry import did_you_mean
 logger = logging.getLogger(__name__)
 
 ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang"
+# SGLang's scheduler clips max_new_tokens to context_length - input_len - 2 (its max_req_len is context_length - 1,
+# less one more token); without this margin every forced-length response came back 2 tokens short (GPU, 0.5.17).
+SGLANG_CONTEXT_MARGIN = 2
 #: Engine arguments verlx derives from the mesh and the sleep cycle; overriding them breaks placement or sync.
 MANAGED_SERVER_ARGS = frozenset(
     {
@@ -119,7 +122,7 @@ def build_server_args(
         port=layout.port,
         nccl_port=layout.nccl_port,
         random_seed=cfg.seed + layout.dp_rank,
-        context_length=cfg.max_model_len or cfg.prompt_length + cfg.response_length,
+        context_length=(cfg.max_model_len or cfg.prompt_length + cfg.response_length) + SGLANG_CONTEXT_MARGIN,
         max_running_requests=cfg.max_num_seqs,
         chunked_prefill_size=cfg.max_num_batched_tokens if cfg.enable_chunked_prefill else -1,
         disable_cuda_graph=cfg.enforce_eager,

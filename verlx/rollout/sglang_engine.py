@@ -30,7 +30,7 @@ from verlx.rollout.sglang_adapter import (
     server_arg_names,
     sglang_sampling_params,
 )
-from verlx.rollout.token_io import prompt_token_lists, rollout_batch_from_result
+from verlx.rollout.token_io import prompt_token_lists, require_full_length, rollout_batch_from_result
 from verlx.rollout.tp_group import TensorParallelGroup
 from verlx.rollout.weight_sync import (
     bucket_bytes_of,
@@ -168,7 +168,9 @@ class SGLangRolloutEngine(ExternalEngine):
                 sampling_params=sglang_sampling_params(params),
                 return_logprob=want_log_probs,
             )
-            return parse_sglang_outputs(outputs, len(prompts) * params.n, want_log_probs)
+            parsed = parse_sglang_outputs(outputs, len(prompts) * params.n, want_log_probs)
+            require_full_length("sglang", parsed, params.max_new_tokens)
+            return parsed
 
         result = self.tp.run_on_leader(run)
         return rollout_batch_from_result(prompts, result, params.n, cfg.response_length, self.ctx.pad_token_id)
