@@ -65,6 +65,7 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
         "SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0",
         "NCCL_NVLS_ENABLE": "0",
         "NCCL_GRAPH_REGISTER": "0",
+        "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1",
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64",
     }
     # what sglang.Engine() wrote into the caller is put back, and so is the multiprocessing start method
