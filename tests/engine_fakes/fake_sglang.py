@@ -26,7 +26,8 @@ _BASE_FIELDS: list[tuple[str, Any]] = [
     ("enable_weights_cpu_backup", False), ("tp_size", 1), ("dp_size", 1), ("base_gpu_id", 0), ("gpu_id_step", 1),
     ("nnodes", 1), ("node_rank", 0), ("dist_init_addr", None), ("port", 30000), ("nccl_port", None),
     ("random_seed", None), ("context_length", None), ("max_running_requests", None), ("chunked_prefill_size", None),
-    ("disable_cuda_graph", False), ("disable_radix_cache", False), ("log_level", "error"),
+    ("disable_cuda_graph", False), ("disable_prefill_cuda_graph", False), ("disable_radix_cache", False),
+    ("log_level", "error"),
 ]
 
 
@@ -106,6 +107,9 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             server_args_cls(**kwargs)  # unknown keywords raise TypeError, like ServerArgs(**kwargs)
             if state.start_error:
                 raise RuntimeError(state.start_error)
+            if (os.environ.get("SGLANG_MEMORY_SAVER_CUDA_GRAPH") == "1" and kwargs.get("enable_memory_saver")
+                    and not kwargs.get("disable_cuda_graph") and not kwargs.get("disable_prefill_cuda_graph")):
+                raise NotImplementedError("Breakable CUDA graph is not compatible with memory saver mode")  # 0.5.17
             state.calls.append(("Engine", dict(kwargs), {k: os.environ.get(k) for k in ENV_SEEN}))
             os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
             os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")

@@ -57,7 +57,8 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
         load_format="dummy", mem_fraction_static=0.5, enable_memory_saver=True, enable_weights_cpu_backup=True,
         tp_size=1, dp_size=1, base_gpu_id=0, gpu_id_step=1, nnodes=1, node_rank=0, dist_init_addr=None,
         port=30000, nccl_port=30001, random_seed=5, context_length=16, max_running_requests=256,
-        chunked_prefill_size=8192, disable_cuda_graph=False, disable_radix_cache=False, log_level="error",
+        chunked_prefill_size=8192, disable_cuda_graph=False, disable_prefill_cuda_graph=True,
+        disable_radix_cache=False, log_level="error",
     )
     assert env == {
         "CUDA_VISIBLE_DEVICES": "3",
@@ -73,6 +74,18 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
     for key in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE",
                 "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"):
         assert key not in os.environ
+
+
+def test_graph_pool_released_only_where_the_prefill_graphs_allow_it(fake, tmp_path):
+    """Default: no prefill graphs, so the release may pause the graph pool. A user who turns prefill graphs back on
+    keeps the pool resident instead of a start that fails (breakable graphs refuse memory-saver mode)."""
+    state = fake("0.5.17")
+    build(tmp_path)
+    assert state.calls[0][2]["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "1"
+    state = fake("0.5.17")
+    build(tmp_path, engine_kwargs=_kwargs(sglang={"disable_prefill_cuda_graph": False}))
+    assert state.calls[0][1]["disable_prefill_cuda_graph"] is False
+    assert state.calls[0][2]["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] is None
 
 
 def test_one_rl_step_calls_the_engine_in_order(fake, tmp_path):

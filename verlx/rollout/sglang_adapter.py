@@ -72,10 +72,15 @@ class SGLangFeatures:
             "SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0",
             # torch_memory_saver and NCCL graph buffer registration do not mix.
             "NCCL_GRAPH_REGISTER": "0",
-            # Without it the CUDA graphs' pool stays on the GPU through a release (8.4 GiB held by a sleeping
-            # 0.5B engine, 0.5.17 on an H100, with its piecewise prefill graphs); with it the release pauses them.
-            "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1",
         }
+
+
+def graph_memory_env(server_args: dict[str, Any]) -> dict[str, str]:
+    """Let the release pause the CUDA graphs' pool too (8.4 GiB stayed on the GPU under a sleeping 0.5B engine,
+    0.5.17 on an H100). SGLang's breakable prefill graphs refuse that mode, so only when prefill graphs are off."""
+    if server_args.get("disable_prefill_cuda_graph") and not server_args.get("disable_cuda_graph"):
+        return {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
+    return {}
 
 
 def server_arg_names(server_args_cls: type, features: SGLangFeatures) -> frozenset[str]:
@@ -129,6 +134,9 @@ def build_server_args(
         max_running_requests=cfg.max_num_seqs,
         chunked_prefill_size=cfg.max_num_batched_tokens if cfg.enable_chunked_prefill else -1,
         disable_cuda_graph=cfg.enforce_eager,
+        # RL prefills are long batches (little for a graph to gain), and without prefill graphs the decode graphs'
+        # pool can be released while asleep (graph_memory_env).
+        disable_prefill_cuda_graph=True,
         disable_radix_cache=not cfg.enable_prefix_caching,
         log_level="error",
     )

@@ -26,6 +26,7 @@ from verlx.rollout.residency import WEIGHTS
 from verlx.rollout.sglang_adapter import (
     SGLangFeatures,
     build_server_args,
+    graph_memory_env,
     parse_sglang_outputs,
     server_arg_names,
     sglang_sampling_params,
@@ -129,7 +130,7 @@ class SGLangRolloutEngine(ExternalEngine):
 
     def _launch(self, visible_devices: str | None):
         """sglang.Engine() with the environment its spawned processes need; the trainer's own is put back."""
-        env: dict[str, str | None] = dict(self.features.construction_env())
+        env: dict[str, str | None] = {**self.features.construction_env(), **graph_memory_env(self.server_args)}
         env["NCCL_NVLS_ENABLE"] = os.environ.get("NCCL_NVLS_ENABLE", "0")
         env[ALLOC_CONF_ENV] = alloc_conf_without_expandable_segments(os.environ.get(ALLOC_CONF_ENV))
         if visible_devices is not None:
