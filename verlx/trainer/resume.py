@@ -39,7 +39,7 @@ _MODEL = "the saved weights belong to this model definition"
 RESUME_RULES: dict[str, tuple[str, str]] = {
     **{section: (TAKES_EFFECT, "") for section in (
         "data", "actor_rollout_ref", "critic", "reward_model", "reward", "custom_reward_function", "algorithm",
-        "trainer", "ray_kwargs")},
+        "trainer", "ray_kwargs", "rollout")},
     **{key: (MUST_MATCH, _DATA_ORDER) for key in (
         "data.train_files", "data.train_max_samples", "data.prompt_key", "data.shuffle", "data.seed",
         "data.filter_overlong_prompts", "data.skip_bad_rows", "trainer.seed")},
