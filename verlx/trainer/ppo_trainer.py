@@ -272,7 +272,8 @@ class RayPPOTrainer:
                 correction = rollout_correction(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
                                                 batch.batch["response_mask"], cfg.algorithm.rollout_correction)
                 metrics.update(correction.metrics)
-            metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound()))
+            metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
+                                             generated.dropped if generated is not None else 0))
             if self.use_reference:
                 with timed("ref", timing):
                     ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
@@ -302,6 +303,8 @@ class RayPPOTrainer:
                     metrics.update(out.meta_info["metrics"])
                 check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
             self.policy_version = self.global_step
+            if self.pipeline is not None:
+                self.pipeline.pump()  # the new weights can go to the rollout group now
             if cfg.trainer.rollout_data_dir:
                 dump_generations(cfg.trainer.rollout_data_dir, self.global_step, batch, self.tokenizer)
         if self.rollout_group is not None:

@@ -51,6 +51,7 @@ class Generated:
     batch: DataProto  # expanded prompts (uid, n samples each) with the generation output and policy versions
     loader_state: dict  # the training loader's state right after this batch's prompts
     metrics: dict[str, float] = field(default_factory=dict)
+    dropped: int = 0  # samples dropped as too stale since the previous batch was handed out
 
 
 @dataclass
@@ -113,15 +114,14 @@ class RolloutPipeline:
             item = self._take_ready()
             if item is not None:
                 item.metrics["async/trainer_wait_s"] = time.monotonic() - start
-                item.metrics["async/dropped_samples"] = float(self.dropped)
                 item.metrics["async/dropped_samples_total"] = float(self.dropped_total)
-                trained = len(item.batch)
-                item.metrics["async/dropped_fraction"] = self.dropped / (self.dropped + trained)
-                self.dropped = 0
+                item.dropped, self.dropped = self.dropped, 0
                 return item
-            if self.call is None:
+            self.pump()  # dropped batches made room
+            if self.call is None and not self.ready:
                 raise RuntimeError(f"rollout pipeline: nothing to wait for ({self._describe()}); this is a bug")
-            self.call.future.wait(_POLL_S)
+            if self.call is not None:
+                self.call.future.wait(_POLL_S)
             idle = time.monotonic() - max(start, self.last_progress)
             if self.stall_s is not None and idle > self.stall_s:
                 raise RolloutStalled(
@@ -130,16 +130,17 @@ class RolloutPipeline:
 
     def pump(self) -> None:
         """Advance the pipeline as far as it can without waiting; the trainer's workers must be idle."""
-        if self.is_paused:
-            return
-        version = self.trainer_version()
-        if self.call is not None and (self.call.future.done() or self._interrupt_if_behind(version)):
-            self._absorb()
-        if self.call is None:
+        while not self.is_paused:
+            version = self.trainer_version()
+            if self.call is not None:
+                if not (self.call.future.done() or self._interrupt_if_behind(version)):
+                    return
+                self._absorb()
             if self.job is None and self._may_start(version):
                 self.job = self._new_job()
-            if self.job is not None:
-                self._launch(version)
+            if self.job is None:
+                return
+            self._launch(version)
 
     @contextmanager
     def paused(self):
@@ -273,14 +274,16 @@ class RolloutPipeline:
 
 class PumpingGroup:
     """A trainer worker-group view whose blocking calls advance the pipeline when they return (the trainer's
-    workers are idle then)."""
+    workers are idle then). After update_actor the trainer pumps itself, once the new version is recorded."""
+
+    QUIET = ("update_actor",)
 
     def __init__(self, group, pump: Callable[[], None]):
         self._group, self._pump = group, pump
 
     def __getattr__(self, name: str):
         attribute = getattr(self._group, name)
-        if not callable(attribute):
+        if not callable(attribute) or name in self.QUIET:
             return attribute
 
         def call(*args, **kwargs):

@@ -29,10 +29,11 @@ def stamp(batch: DataProto, version: int) -> None:
     batch.batch[VERSION_LAST] = torch.full((rows,), int(version), dtype=torch.long)
 
 
-def staleness_metrics(batch: DataProto, trainer_version: int, bound: int) -> dict[str, float]:
-    """async/policy_version, async/staleness/{mean,max,min}, async/staleness/hist/<s> (samples per staleness s)
-    and async/partial_samples (samples whose tokens span several versions); raises StalenessError when a sample
-    exceeds `bound` policy versions."""
+def staleness_metrics(batch: DataProto, trainer_version: int, bound: int, dropped: int = 0) -> dict[str, float]:
+    """async/policy_version, async/staleness/{mean,max,min}, async/staleness/hist/<s> (samples per staleness s),
+    async/partial_samples (samples whose tokens span several versions), async/dropped_samples (`dropped`: samples
+    discarded as too stale since the previous step) and async/dropped_fraction (of those and this batch's); raises
+    StalenessError when a sample exceeds `bound` policy versions."""
     staleness = trainer_version - batch.batch[VERSION]
     counts = torch.bincount(staleness.clamp(min=0)).tolist()
     worst = int(staleness.max())
@@ -47,6 +48,8 @@ def staleness_metrics(batch: DataProto, trainer_version: int, bound: int) -> dic
         "async/staleness/max": float(worst),
         "async/staleness/min": float(staleness.min()),
         "async/partial_samples": float((batch.batch[VERSION_LAST] != batch.batch[VERSION]).sum()),
+        "async/dropped_samples": float(dropped),
+        "async/dropped_fraction": dropped / (dropped + len(batch)),
     }
     metrics.update({f"async/staleness/hist/{s}": float(c) for s, c in enumerate(counts)})
     return metrics
