@@ -36,7 +36,8 @@ def test_one_step_off_trains_batch_k_while_batch_k_plus_1_generates(ray_cpu, tin
                                                                      tmp_path):
     """Worker timestamps: batch k+1's generation (rollout worker) overlaps batch k's update (trainer worker)."""
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, *SEPARATE, "trainer.rollout_mode=one_step_off",
-                      "trainer.total_training_steps=3", "actor_rollout_ref.rollout.name=helpers.faulty_engines:SlowEngine",
+                      "trainer.total_training_steps=3",
+                      "actor_rollout_ref.rollout.name=helpers.faulty_engines:SlowEngine",
                       "+actor_rollout_ref.rollout.engine_kwargs.custom.delay_s=1.0")
     run_ppo(cfg)
     rows = read_metrics(tmp_path)
