@@ -137,3 +137,19 @@ def test_agent_loop_gpu_smoke_runs_multi_turn_grpo_on_cpu(tmp_path):
     assert row["tool/errors"] == 0 and row["multi_turn/template_mismatch"] == 0
     assert row["timing_s/gen"] > 0
     assert "| 1 | 3 | 2 |" in proc.stdout
+
+
+def test_async_step_smoke_runs_sync_and_one_step_off_on_cpu(tmp_path):
+    """The rollout-mode benchmark's CPU mode: sync on 2 colocated workers, one_step_off on 1 trainer + 1 rollout
+    worker, both to the end, with the one_step_off run's staleness 1 after its first batch."""
+    proc = _run([sys.executable, "benchmarks/async_step_gpu.py", "--smoke"], tmp_path)
+    with open(tmp_path / "async_step.json") as f:
+        result = json.load(f)
+    assert set(result["modes"]) == {"sync", "one_step_off"}
+    for mode in result["modes"].values():
+        assert mode["rc"] == 0 and len(mode["steps"]) == 2
+        assert all(step["response_length/mean"] == 4 for step in mode["steps"])  # ignore_eos: the same tokens
+    assert [s["async/staleness/max"] for s in result["modes"]["one_step_off"]["steps"]] == [0.0, 1.0]
+    assert [s["async/staleness/max"] for s in result["modes"]["sync"]["steps"]] == [0.0, 0.0]
+    assert result["modes"]["one_step_off"]["steps"][1]["timing_s/weight_sync"] >= 0
+    assert "| one_step_off |" in proc.stdout

@@ -46,7 +46,7 @@ class ScriptedCall:
         out = build_rollout_batch(prompts, responses, mask, torch.zeros(len(self.inputs), RESPONSE), 1)
         if "generation_id" in self.inputs.meta_info:
             out.batch["rollout_finished"] = end >= RESPONSE
-        out.meta_info = {"timing": {"timing_s/rollout_worker": 0.5}, "metrics": {"timestamp/gen_start": 1.0}}
+        out.meta_info = {"timing": {"timing_s/rollout_worker": 0.5}, "wall_clock": (1.0, 2.0)}
         return out
 
 

@@ -301,6 +301,9 @@ class RayPPOTrainer:
                 with timed("update_actor", timing):
                     out = self.actor_rollout_wg.update_actor(self._actor_inputs(batch, correction))
                     metrics.update(out.meta_info["metrics"])
+                    if self.pipeline is not None:  # when the trainer worker ran it: overlap with generation shows
+                        start, end = out.meta_info["wall_clock"]
+                        metrics.update({"timestamp/update_actor_start": start, "timestamp/update_actor_end": end})
                 check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
             self.policy_version = self.global_step
             if self.pipeline is not None:

@@ -207,8 +207,8 @@ class ActorRolloutRefWorker(Worker):
         timing["timing_s/rollout_worker"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
         # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
-        out.meta_info["metrics"] = {**phase_metrics("gen", self.hf_config, [], timer), **self._asleep_memory(),
-                                    "timestamp/gen_start": wall_start, "timestamp/gen_end": time.time()}
+        out.meta_info["metrics"] = {**phase_metrics("gen", self.hf_config, [], timer), **self._asleep_memory()}
+        out.meta_info["wall_clock"] = (wall_start, time.time())  # the asynchronous modes log when it ran
         return out
 
     def _generate(self, prompts: DataProto) -> DataProto:
@@ -356,9 +356,8 @@ class ActorRolloutRefWorker(Worker):
         metrics["actor/optimizer_state_gb"] = self.actor.engine.optimizer_state_bytes() / 1e9
         self.actor.engine.step_lr()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
-        metrics["timestamp/update_actor_start"], metrics["timestamp/update_actor_end"] = wall_start, time.time()
         self.engine_weights_stale = True
-        return DataProto(meta_info={"metrics": metrics})
+        return DataProto(meta_info={"metrics": metrics, "wall_clock": (wall_start, time.time())})
 
     # ------------------------------------------------------------------ checkpoints
     @register(Dispatch.ONE_TO_ALL)

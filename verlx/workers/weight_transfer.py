@@ -80,21 +80,25 @@ def _send_bucket(group, bucket: list[tuple[str, torch.Tensor]], version: int, de
 
 
 def receive(group, version: int, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """The named tensors of one version, bucket by bucket (group ranks 1..R); raises when the sender's version is
-    not the one expected (the two sides disagree on what is being sent)."""
+    """The named tensors of one version, bucket by bucket (group ranks 1..R). When the sender's version is not the
+    one expected (the two sides disagree on what is being sent) nothing is yielded: the stream is drained, so the
+    sender finishes, and then this raises."""
     while True:
         header = torch.zeros(4, dtype=torch.int64, device=device)
         _broadcast(group, header)
         more, sent_version, meta_len, numel = header.tolist()
-        if sent_version != version:
-            raise RuntimeError(f"weight transfer: expected policy version {version}, the trainer sent {sent_version}")
         if not more:
+            if sent_version != version:
+                raise RuntimeError(f"weight transfer: expected policy version {version}, the trainer sent "
+                                   f"{sent_version}; nothing was loaded")
             return
         meta = torch.empty(meta_len, dtype=torch.uint8, device=device)
         _broadcast(group, meta)
         entries, dtype_name = pickle.loads(meta.cpu().numpy().tobytes())
         flat = torch.empty(numel, dtype=getattr(torch, dtype_name), device=device)
         _broadcast(group, flat)
+        if sent_version != version:
+            continue
         offset = 0
         for name, shape in entries:
             n = 1

@@ -233,9 +233,10 @@ class RolloutPipeline:
         self.call = None
         self.last_progress = time.monotonic()
         job.gen_seconds += out.meta_info.get("timing", {}).get("timing_s/rollout_worker", 0.0)
-        worker_metrics = out.meta_info.get("metrics", {})
-        job.first_start = job.first_start or worker_metrics.get("timestamp/gen_start")
-        job.metrics = {**worker_metrics, "timestamp/gen_start": job.first_start or 0.0}
+        started, ended = out.meta_info.get("wall_clock", (0.0, 0.0))
+        job.first_start = job.first_start or started
+        job.metrics = {**out.meta_info.get("metrics", {}), "timestamp/gen_start": job.first_start,
+                       "timestamp/gen_end": ended}
         before = (job.output.batch["response_mask"][call.rows].sum(-1) if job.output is not None
                   else torch.zeros(len(call.rows), dtype=torch.long))
         after = out.batch["response_mask"].sum(-1)
