@@ -44,22 +44,9 @@ def ray_cpu():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A 2-layer Qwen2 with a character-level tokenizer, saved with save_pretrained (random weights)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from helpers.tiny_tokenizer import save_tiny_qwen2
 
-    from helpers.tiny_tokenizer import build_tiny_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny_model")
-    tok = build_tiny_tokenizer()
-    im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, eos_token_id=im_end, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    GenerationConfig(eos_token_id=[im_end, tok.eos_token_id], pad_token_id=tok.pad_token_id).save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(tmp_path_factory.mktemp("tiny_model"))
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +76,21 @@ def two_node_cluster():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """This process as a one-rank torch.distributed world (env:// on a free port), torn down after the test."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -56,7 +56,7 @@ def test_dynamic_sampling_gives_up_with_the_numbers(ray_cpu, tiny_model_dir, ari
 
 
 def test_grpo_with_one_sample_warns(tiny_model_dir, arithmetic_data_dir, tmp_path, caplog):
-    from verlx.config.validation import validate
+    from verlx.trainer.preflight import validate
 
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo")
     warnings = validate(cfg)

@@ -34,3 +34,22 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
+
+
+def save_tiny_qwen2(path, hidden_size: int = 64, intermediate_size: int = 128, num_hidden_layers: int = 2) -> str:
+    """A Qwen2 (GQA 4/2 heads, tied embeddings, random weights, seed 0) with the character-level tokenizer and a
+    generation config whose eos ids are <|im_end|> and the tokenizer's eos, saved to `path`."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_tiny_tokenizer()
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=im_end,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    GenerationConfig(eos_token_id=[im_end, tok.eos_token_id], pad_token_id=tok.pad_token_id).save_pretrained(path)
+    return str(path)

@@ -3,25 +3,9 @@ loads adapters), in one process on a 1-rank gloo group."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
-import torch.distributed as dist
 
 from helpers.e2e import make_config
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(key, value)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("lora_rank", [0, 2])

@@ -11,11 +11,8 @@ Runs where megatron-core is installed (helpers/megatron_cpu.py says what runs on
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from helpers.e2e import make_config
 from helpers.megatron_cpu import cuda_as_cpu, require_megatron_core
@@ -68,19 +65,6 @@ def megatron_on_cpu(one_rank, monkeypatch):
         yield
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(key, value)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _rewards(data: DataProto) -> torch.Tensor:

@@ -3,12 +3,10 @@ sequences it processed and its compute time, and CPU-only runs ignore param/opti
 
 from __future__ import annotations
 
-import socket
 import warnings
 from contextlib import contextmanager
 
 import pytest
-import torch.distributed as dist
 
 from helpers.e2e import make_config
 from helpers.ppo_batches import ragged_ppo_batch
@@ -22,25 +20,17 @@ SECONDS, PEAK, EPOCHS = 0.5, 4.0, 2
 
 
 @pytest.fixture
-def one_rank(monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "VERLX_PEAK_TFLOPS": str(PEAK)}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+def fixed_phases(one_rank, monkeypatch):
+    """One rank whose every phase "takes" SECONDS on a device of PEAK TFLOP/s, so the expected MFU is exact."""
+    monkeypatch.setenv("VERLX_PEAK_TFLOPS", str(PEAK))
 
     @contextmanager
-    def fixed_measure(self):  # every phase "takes" SECONDS, so the expected MFU is exact
+    def fixed_measure(self):
         yield self
         self.seconds = SECONDS
 
     monkeypatch.setattr(perf.PhaseTimer, "measure", fixed_measure)
     monkeypatch.setattr(offload, "_warned", set())  # "one warning per process": start from none
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _batch(rows: int = 8) -> DataProto:
@@ -52,7 +42,7 @@ def _mfu(hf_config, seq_lens, forward_only=False) -> float:
     return flops / SECONDS / 1e12 / PEAK
 
 
-def test_phase_mfu_from_the_rank_sequences_and_offload_ignored_on_cpu(one_rank, tiny_model_dir, tmp_path, caplog):
+def test_phase_mfu_from_the_rank_sequences_and_offload_ignored_on_cpu(fixed_phases, tiny_model_dir, tmp_path, caplog):
     from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from verlx.workers.critic_worker import CriticWorker
 
@@ -100,7 +90,7 @@ def test_step_memory_peak_is_the_largest_phase_peak():
     assert step_memory_peak(phases) == {"perf/max_memory_allocated_gb": 30.5}
 
 
-def test_generation_peak_memory_enters_the_step_peak(one_rank, tiny_model_dir, tmp_path, monkeypatch):
+def test_generation_peak_memory_enters_the_step_peak(fixed_phases, tiny_model_dir, tmp_path, monkeypatch):
     """generate_sequences reports perf/max_memory_allocated_gb/gen like the other phases: the rollout (engine weights
     and KV cache on top of the resident training state) is often the step's peak, which step_memory_peak must see.
     On the CPU there is no peak to read, so the timer is given one per phase: 3 GiB for generation, 1 GiB after."""

@@ -8,32 +8,16 @@ with both SGLang and vLLM. Here: a 1-rank gloo worker, the recording SGLang stan
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from engine_fakes.fake_sglang import install_fake_sglang
 from helpers.e2e import make_config
-from helpers.tiny_tokenizer import build_tiny_tokenizer
+from helpers.tiny_tokenizer import save_tiny_qwen2
 from verlx.protocol import DataProto
 from verlx.rollout.weight_sync import checkpoint_tensor_names
 
 BUCKET_MB = 1
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(key, value)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @pytest.fixture
@@ -45,18 +29,7 @@ def fake_sglang(tmp_path):
 
 def _model_of_several_buckets(path) -> str:
     """A Qwen2 of ~1.1M parameters: three 1 MB buckets at least in bf16."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    tok = build_tiny_tokenizer()
-    im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=1024, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, eos_token_id=im_end, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    GenerationConfig(eos_token_id=[im_end, tok.eos_token_id], pad_token_id=tok.pad_token_id).save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(path, hidden_size=256, intermediate_size=1024, num_hidden_layers=1)
 
 
 def _prompts(pad: int) -> DataProto:

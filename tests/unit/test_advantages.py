@@ -13,8 +13,11 @@ from verlx.algorithms.advantages import (
     estimator_needs_critic,
     estimator_needs_greedy_baseline,
     estimator_needs_groups,
+    uses_critic,
 )
+from verlx.config.roles import CriticConfig
 from verlx.config.run import AlgorithmConfig
+from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 
 # Six samples in three groups, deliberately interleaved: a = rows 0, 2, 5; b = rows 1, 4; c = row 3 (alone).
@@ -184,6 +187,18 @@ def test_unknown_estimator_lists_the_registered_ones(fn):
         fn("grp0")
     message = str(err.value)
     assert "algorithm.adv_estimator" in message and "gae, gpg, grpo" in message and "Did you mean 'grpo'" in message
+
+
+@pytest.mark.parametrize(("estimator", "enable", "expected"), [
+    ("gae", None, True), ("grpo", None, False), ("grpo", True, True), ("gae", False, False)])
+def test_uses_critic_follows_critic_enable_else_the_estimator(estimator, enable, expected):
+    config = PPOConfig(algorithm=AlgorithmConfig(adv_estimator=estimator), critic=CriticConfig(enable=enable))
+    assert uses_critic(config) is expected
+
+
+def test_uses_critic_of_an_unknown_estimator_names_the_key():
+    with pytest.raises(KeyError, match="algorithm.adv_estimator"):
+        uses_critic(PPOConfig(algorithm=AlgorithmConfig(adv_estimator="grp0")))
 
 
 def test_compute_advantage_on_a_dataproto():

@@ -9,8 +9,8 @@ import pytest
 
 from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import validate
 from verlx.rollout.agent.config_checks import multi_turn_problems
+from verlx.trainer.preflight import validate
 
 ON = ["actor_rollout_ref.rollout.multi_turn.enable=true", "data.return_raw_chat=true",
       "actor_rollout_ref.rollout.name=native"]

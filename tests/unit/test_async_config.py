@@ -6,7 +6,7 @@ import pytest
 
 from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import validate
+from verlx.trainer.preflight import validate
 
 SEPARATE = ["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1",
             "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",

@@ -6,7 +6,7 @@ import pytest
 
 from verlx.config.loader import ConfigError, build, check_override_keys, load_yaml, to_container
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import validate
+from verlx.trainer.preflight import validate
 
 # The quick-start command of veRL's own docs (docs/start/quickstart.rst), with `verl` → `verlx`.
 VERL_QUICKSTART = [

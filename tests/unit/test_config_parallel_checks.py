@@ -8,7 +8,7 @@ import pytest
 
 from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import validate
+from verlx.trainer.preflight import validate
 
 
 def _cfg(**over) -> PPOConfig:

@@ -12,7 +12,7 @@ import pytest
 
 from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import validate
+from verlx.trainer.preflight import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = sorted(glob.glob(os.path.join(REPO, "examples", "ppo_trainer", "*.sh")))

@@ -38,6 +38,16 @@ def test_unknown_keys_are_named_with_a_suggestion():
         build(GenerationConfig, {"data": {"n_samples": "many"}})
 
 
+def test_a_value_given_to_a_section_is_a_config_error():
+    """rollout is composed from a config group, so Hydra would read rollout=x as a group choice (exit 1, its own
+    message); the schema check refuses it first, like any value given to a section."""
+    with pytest.raises(ConfigError, match="'rollout' is a section, not a value: set its keys, e.g. rollout.name="):
+        check_override_keys(["rollout=vllm"], "generation", GenerationConfig)
+    with pytest.raises(ConfigError, match="'data' is a section, not a value"):
+        check_override_keys(["data=x"], "evaluation", EvaluationConfig)
+    check_override_keys(["rollout.name=vllm", "data.path=x.parquet"], "generation", GenerationConfig)
+
+
 def test_verl_generation_command_line_is_accepted():
     """The keys of veRL's generation.yaml that verlx implements, as a veRL user would pass them."""
     overrides = ["trainer.nnodes=1", "trainer.n_gpus_per_node=8", "data.path=/home/user/data/rlhf/math/test.parquet",

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from verlx.config.loader import build, load_yaml, to_container
+from verlx.config.loader import Findings, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import Findings, check_batch_arithmetic
 from verlx.trainer.entrypoint import override_args
+from verlx.trainer.preflight import check_batch_arithmetic
 from verlx.workers.engine import engine_class
 from verlx.workers.megatron import INSTALL_COMMAND, MegatronNotInstalled, megatron_core_available
 from verlx.workers.megatron.config_checks import megatron_problems

@@ -16,6 +16,8 @@ QWEN_05B = SimpleNamespace(num_attention_heads=14, num_key_value_heads=2, hidden
 
 def test_kv_bytes_per_token_of_a_gqa_model():
     assert kv_bytes_per_token(QWEN_05B, 2) == 2 * 24 * 2 * 64 * 2 == 12288
+    assert kv_bytes_per_token(QWEN_05B, 2, tp_size=2) == 2 * 24 * 1 * 64 * 2  # one KV head per GPU
+    assert kv_bytes_per_token(QWEN_05B, 2, tp_size=4) == 2 * 24 * 1 * 64 * 2  # replicated: fewer heads than GPUs
     assert kv_bytes_per_token(SimpleNamespace(num_attention_heads=4, hidden_size=64, num_hidden_layers=2,
                                               head_dim=32), 4) == 2 * 2 * 4 * 32 * 4
 

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from verlx.config.loader import CONFIG_DIR, ConfigError, build
-from verlx.config.sft import SFTConfig, validate_sft
+from verlx.config.sft import SFTConfig
 from verlx.trainer.main_sft import load_sft_config
+from verlx.trainer.preflight_sft import validate_sft
 
 YAML_PATH = os.path.join(CONFIG_DIR, "sft_trainer.yaml")
 

@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from verlx.algorithms.core import masked_whiten
 from verlx.algorithms.groups import group_best_and_runner_up, group_ids, group_stats, group_weighted_mean
 from verlx.algorithms.returns import discounted_reverse_cumsum, pack_valid_left, unpack
 from verlx.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from verlx.config.schema import PPOConfig
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -58,6 +62,13 @@ def register_estimator(name: str, *, needs_critic=False, needs_groups=False, nee
 
 def estimator_needs_critic(name: str) -> bool:
     return ADV_ESTIMATORS.get(name).needs_critic
+
+
+def uses_critic(config: PPOConfig) -> bool:
+    """critic.enable when set, else whether algorithm.adv_estimator needs values (KeyError for an unknown one)."""
+    if config.critic.enable is not None:
+        return config.critic.enable
+    return estimator_needs_critic(config.algorithm.adv_estimator)
 
 
 def estimator_needs_groups(name: str) -> bool:

@@ -189,14 +189,15 @@ def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_traine
         key = override.key_or_group
         if key.startswith("hydra.") or key == "hydra":
             continue
-        problem = _unknown_key_problem(schema, key.split("."))
+        problem = _unknown_key_problem(schema, key.split("."), assigns_value=not isinstance(override.value(), dict))
         if problem:
             problems.append(problem)
     if problems:
         raise ConfigError(problems)
 
 
-def _unknown_key_problem(cls, parts: list[str]) -> str | None:
+def _unknown_key_problem(cls, parts: list[str], assigns_value: bool = False) -> str | None:
+    """Why `parts` is no key of `cls`, or (`assigns_value`) names a section rather than a value; None when fine."""
     tp: Any = cls
     for depth, part in enumerate(parts):
         while typing.get_origin(tp) in (Union, types.UnionType):
@@ -210,4 +211,8 @@ def _unknown_key_problem(cls, parts: list[str]) -> str | None:
             dotted = ".".join(parts[: depth + 1])
             return f"unknown key '{dotted}'." + did_you_mean(part, names) + _list_keys(".".join(parts[:depth]), names)
         tp = typing.get_type_hints(tp)[part]
+    if assigns_value and dataclasses.is_dataclass(tp):
+        dotted = ".".join(parts)
+        return (f"'{dotted}' is a section, not a value: set its keys, e.g. "
+                f"{dotted}.{dataclasses.fields(tp)[0].name}=...")
     return None

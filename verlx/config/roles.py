@@ -112,6 +112,10 @@ class MultiTurnConfig:
     on_template_mismatch: str = "mask"
 
 
+# rollout.dtype: the names every rollout engine understands (each maps the short ones to its own spelling)
+ROLLOUT_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
+
+
 @dataclass
 class RolloutConfig:
     name: str = "auto"

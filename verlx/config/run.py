@@ -103,6 +103,10 @@ class AlgorithmConfig:
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
+# trainer.resume_mode: the latest complete checkpoint, none, or trainer.resume_from_path
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
 @dataclass
 class TrainerConfig:
     balance_batch: bool = True

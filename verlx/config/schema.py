@@ -19,6 +19,8 @@ from verlx.config.run import (
 
 @dataclass
 class PPOConfig:
+    """Whether a critic runs depends on the estimator registry: verlx.algorithms.advantages.uses_critic(config)."""
+
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -29,15 +31,6 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutResourcesConfig = field(default_factory=RolloutResourcesConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
-
-    @property
-    def use_critic(self) -> bool:
-        """critic.enable when set, else whether the advantage estimator needs values."""
-        if self.critic.enable is not None:
-            return self.critic.enable
-        from verlx.algorithms.advantages import estimator_needs_critic
-
-        return estimator_needs_critic(self.algorithm.adv_estimator)
 
     @property
     def use_reference(self) -> bool:

@@ -48,8 +48,9 @@ class ExternalEngine(RolloutEngine):
             self._check_memory_budget()
 
     def _check_memory_budget(self) -> None:
-        """Refuse a gpu_memory_utilization that cannot hold the weights plus one sequence, before the engine
-        allocates anything (unknown parameter counts, e.g. a checkpoint without safetensors, skip the check)."""
+        """Refuse a gpu_memory_utilization that cannot hold this GPU's share of the weights (1 / tensor-parallel
+        size) plus one sequence, before the engine allocates anything (unknown parameter counts, e.g. a checkpoint
+        without safetensors, skip the check)."""
         import torch
 
         numel = checkpoint_numel(self.ctx.model_path)
@@ -58,7 +59,9 @@ class ExternalEngine(RolloutEngine):
         dtype = engine_dtype(self.config.dtype)
         element = torch.empty((), dtype=dtype).element_size()
         sequence_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
-        footprint = EngineFootprint(numel * element, kv_bytes_per_token(self.ctx.hf_config, element), sequence_len)
+        tp = self.layout.tp_size
+        footprint = EngineFootprint(numel * element // tp, kv_bytes_per_token(self.ctx.hf_config, element, tp),
+                                    sequence_len)
         total = torch.cuda.get_device_properties(self.ctx.device).total_memory
         check_budget(self.requires_package, self.config.gpu_memory_utilization, total, footprint)
 

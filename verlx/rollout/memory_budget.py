@@ -24,12 +24,13 @@ class EngineFootprint:
         return self.weight_bytes + self.kv_bytes_per_token * self.max_model_len
 
 
-def kv_bytes_per_token(hf_config, dtype_bytes: int) -> int:
-    """Keys and values of every layer for one token."""
+def kv_bytes_per_token(hf_config, dtype_bytes: int, tp_size: int = 1) -> int:
+    """Keys and values of every layer for one token on one GPU of a tensor-parallel group (KV heads are split over
+    the group, or replicated when there are fewer of them than GPUs)."""
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+    return 2 * hf_config.num_hidden_layers * max(1, kv_heads // tp_size) * head_dim * dtype_bytes
 
 
 def check_budget(engine: str, fraction: float, total_bytes: int, footprint: EngineFootprint) -> None:

@@ -9,10 +9,10 @@ import logging
 
 from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
-from verlx.config.validation import uses_critic, validate
 from verlx.reward.managers import RewardFailure
 from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
 from verlx.trainer.entrypoint import hydra_command
+from verlx.trainer.preflight import uses_critic_if_known, validate
 from verlx.trainer.ray_startup import start_ray, use_gpus
 from verlx.trainer.resume import NothingToDo, stop_if_finished
 
@@ -35,7 +35,7 @@ def resolve_hub_models(config: PPOConfig) -> None:
     from verlx.utils.hf_paths import resolve_model_paths
 
     sections = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
-    if uses_critic(config):
+    if uses_critic_if_known(config):
         sections.append(("critic.model", config.critic.model))
     resolve_model_paths([(f"{key}.{attribute}", section, attribute) for key, section in sections
                          for attribute in ("path", "tokenizer_path")])

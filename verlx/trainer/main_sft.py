@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 
 from verlx.config.loader import ConfigError, DataError, build, load_yaml, to_container
-from verlx.config.sft import SFTConfig, validate_sft
+from verlx.config.sft import SFTConfig
+from verlx.trainer.preflight_sft import validate_sft
 
 
 def load_sft_config(overrides: Sequence[str] = ()) -> SFTConfig:

@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import torch
 
-from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline
+from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline, uses_critic
 from verlx.algorithms.core import agg_loss, masked_mean
 from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
@@ -61,7 +61,7 @@ class RayPPOTrainer:
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
         self.use_gpu = use_gpu
-        self.use_critic = config.use_critic
+        self.use_critic = uses_critic(config)
         self.use_reference = config.use_reference
         self.world_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
         self.kl_ctrl = make_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None

@@ -3,6 +3,8 @@ engine can take requests as they come, the names resolve, the tool file loads an
 
 from __future__ import annotations
 
+from verlx.config.loader import Findings
+
 KEY = "actor_rollout_ref.rollout.multi_turn"
 TRUNCATE_SIDES = ("left", "right", "middle")
 MISMATCH_ACTIONS = ("mask", "error")
@@ -16,63 +18,53 @@ def multi_turn_problems(cfg) -> list[str]:
         return []
     from verlx.rollout.agent.backends import AGENT_BACKENDS
 
-    problems = []
-    if rollout.name != "auto" and rollout.name not in AGENT_BACKENDS:
-        problems.append(f"{KEY}.enable=true needs an engine that takes requests as they come, but "
-                        f"actor_rollout_ref.rollout.name={rollout.name} cannot; use native (needs nothing beyond "
-                        f"torch), sglang or vllm")
-    if rollout.name == "vllm" and rollout.tensor_model_parallel_size > 1:
-        problems.append(f"{KEY}.enable=true with rollout.name=vllm needs rollout.tensor_model_parallel_size=1 "
-                        f"(got {rollout.tensor_model_parallel_size}): vLLM's tensor-parallel peers must receive the "
-                        "same requests in the same order, which tool calls finishing at different times break; use "
-                        "sglang or native for tensor-parallel multi-turn")
-    if not cfg.data.return_raw_chat:
-        problems.append(f"{KEY}.enable=true needs data.return_raw_chat=true: the agent loop renders the "
-                        "conversation (prompt messages, tools, tool results) with the chat template itself")
-    problems += _number_problems(mt)
-    problems += _name_problems(mt)
-    return problems
+    f = Findings()
+    f.require(rollout.name == "auto" or rollout.name in AGENT_BACKENDS,
+              f"{KEY}.enable=true needs an engine that takes requests as they come, but "
+              f"actor_rollout_ref.rollout.name={rollout.name} cannot; use native (needs nothing beyond torch), "
+              "sglang or vllm")
+    f.require(not (rollout.name == "vllm" and rollout.tensor_model_parallel_size > 1),
+              f"{KEY}.enable=true with rollout.name=vllm needs rollout.tensor_model_parallel_size=1 "
+              f"(got {rollout.tensor_model_parallel_size}): vLLM's tensor-parallel peers must receive the same "
+              "requests in the same order, which tool calls finishing at different times break; use sglang or "
+              "native for tensor-parallel multi-turn")
+    f.require(cfg.data.return_raw_chat,
+              f"{KEY}.enable=true needs data.return_raw_chat=true: the agent loop renders the conversation (prompt "
+              "messages, tools, tool results) with the chat template itself")
+    _check_numbers(mt, f)
+    _check_names(mt, f)
+    return f.problems
 
 
-def _number_problems(mt) -> list[str]:
-    problems = []
-    if mt.max_assistant_turns is not None and mt.max_assistant_turns < 1:
-        problems.append(f"{KEY}.max_assistant_turns={mt.max_assistant_turns} must be >= 1 or null")
-    if mt.max_user_turns is not None and mt.max_user_turns < 0:
-        problems.append(f"{KEY}.max_user_turns={mt.max_user_turns} must be >= 0 or null")
-    if mt.max_parallel_calls < 1:
-        problems.append(f"{KEY}.max_parallel_calls={mt.max_parallel_calls} must be >= 1")
-    if mt.max_tool_response_length < 32:
-        problems.append(f"{KEY}.max_tool_response_length={mt.max_tool_response_length} must be >= 32 characters")
-    if not mt.tool_timeout_s > 0:
-        problems.append(f"{KEY}.tool_timeout_s={mt.tool_timeout_s} must be > 0")
-    if mt.tool_response_truncate_side not in TRUNCATE_SIDES:
-        problems.append(f"{KEY}.tool_response_truncate_side={mt.tool_response_truncate_side!r} is not one of "
-                        f"{list(TRUNCATE_SIDES)}")
-    if mt.on_template_mismatch not in MISMATCH_ACTIONS:
-        problems.append(f"{KEY}.on_template_mismatch={mt.on_template_mismatch!r} is not one of "
-                        f"{list(MISMATCH_ACTIONS)}")
-    return problems
+def _check_numbers(mt, f: Findings) -> None:
+    f.require(mt.max_assistant_turns is None or mt.max_assistant_turns >= 1,
+              f"{KEY}.max_assistant_turns={mt.max_assistant_turns} must be >= 1 or null")
+    f.require(mt.max_user_turns is None or mt.max_user_turns >= 0,
+              f"{KEY}.max_user_turns={mt.max_user_turns} must be >= 0 or null")
+    f.require(mt.max_parallel_calls >= 1, f"{KEY}.max_parallel_calls={mt.max_parallel_calls} must be >= 1")
+    f.require(mt.max_tool_response_length >= 32,
+              f"{KEY}.max_tool_response_length={mt.max_tool_response_length} must be >= 32 characters")
+    f.require(mt.tool_timeout_s > 0, f"{KEY}.tool_timeout_s={mt.tool_timeout_s} must be > 0")
+    f.choice(f"{KEY}.tool_response_truncate_side", mt.tool_response_truncate_side, TRUNCATE_SIDES)
+    f.choice(f"{KEY}.on_template_mismatch", mt.on_template_mismatch, MISMATCH_ACTIONS)
 
 
-def _name_problems(mt) -> list[str]:
+def _check_names(mt, f: Findings) -> None:
     from verlx.rollout.agent.loops import AGENT_LOOPS
     from verlx.rollout.agent.parsers import TOOL_PARSERS
     from verlx.rollout.agent.tool_config import load_tools
 
-    problems = []
     for key, value, registry in (("format", mt.format, TOOL_PARSERS), ("default_agent", mt.default_agent,
                                                                        AGENT_LOOPS)):
         try:
             registry.get(value)
         except (KeyError, ValueError) as e:
-            problems.append(f"{KEY}.{key}: {e}")
+            f.problems.append(f"{KEY}.{key}: {e}")
     if mt.tool_config_path:
         try:
             load_tools(mt.tool_config_path)
         except ValueError as e:
-            problems.append(f"{KEY}.tool_config_path: {e}")
-    return problems
+            f.problems.append(f"{KEY}.tool_config_path: {e}")
 
 
 def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -> list[str]:
@@ -88,29 +80,26 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
 
     names = dataset.column("agent_name")
     names = [mt.default_agent] * len(dataset) if names is None else [str(n) if n else mt.default_agent for n in names]
-    problems, tool_rows = [], []
+    f, tool_rows = Findings(), []
     for name in sorted(set(names)):
         try:
             cls = AGENT_LOOPS.get(name)
         except (KeyError, ValueError) as e:
-            problems.append(f"{which}: column agent_name: {e}")
+            f.problems.append(f"{which}: column agent_name: {e}")
             continue
-        if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
-            problems.append(f"{which}: column agent_name: {name} is not an AgentLoop subclass")
-        elif cls.uses_tools:
+        if f.require(isinstance(cls, type) and issubclass(cls, AgentLoop),
+                     f"{which}: column agent_name: {name} is not an AgentLoop subclass") and cls.uses_tools:
             tool_rows += [i for i, n in enumerate(names) if n == name]
     raw = dataset.column("raw_prompt")
-    if problems or not tool_rows or raw is None:
-        return problems
+    if f.problems or not tool_rows or raw is None:
+        return f.problems
     schemas = [t.schema for t in load_tools(mt.tool_config_path).values()] if mt.tool_config_path else None
     codec = ChatCodec(tokenizer, schemas, cfg.data.apply_chat_template_kwargs, [])
     lengths = dataset.prompt_lengths
     limit = cfg.data.max_prompt_length
     for i in sorted(tool_rows, key=lambda r: -lengths[r])[:longest]:
         n = len(codec.prompt_ids([dict(m) for m in raw[i]]))
-        if n > limit:
-            problems.append(f"{which}: a prompt rendered with the tools' schemas has {n} tokens, more than "
-                            f"data.max_prompt_length={limit} (row {i} of the loaded data); raise "
-                            "data.max_prompt_length")
+        if not f.require(n <= limit, f"{which}: a prompt rendered with the tools' schemas has {n} tokens, more than "
+                         f"data.max_prompt_length={limit} (row {i} of the loaded data); raise data.max_prompt_length"):
             break
-    return problems
+    return f.problems

@@ -1,6 +1,7 @@
-"""Checks across keys, run before Ray starts: names, batch arithmetic, paths, unsupported combinations.
+"""Pre-flight checks of a PPO config, run before Ray starts: names, batch arithmetic, paths, unsupported combinations.
 
-Every problem names the keys and values involved and what would work; all problems are reported at once.
+Every problem names the keys and values involved and what would work; all problems are reported at once. They live
+in the trainer, not in config/, because they consult the registries, models and files of the layers below.
 """
 
 from __future__ import annotations
@@ -10,18 +11,15 @@ import logging
 import os
 from types import SimpleNamespace
 
+from verlx.algorithms.advantages import uses_critic
 from verlx.config.loader import ConfigError, Findings
+from verlx.config.roles import ROLLOUT_DTYPES
+from verlx.config.run import RESUME_MODES
 from verlx.config.schema import PPOConfig
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
 from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
-
-STRATEGIES = ("fsdp", "fsdp2", "megatron")
-TRUNCATIONS = ("error", "left", "right", "middle")
-RESUME_MODES = ("auto", "disable", "resume_path")
-SCHEDULERS = ("constant", "cosine")
-DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 
 
 def _divisors(n: int) -> list[int]:
@@ -30,13 +28,6 @@ def _divisors(n: int) -> list[int]:
 
 def _near(values: list[int], target: int, k: int = 4) -> str:
     return ", ".join(str(v) for v in sorted(values, key=lambda v: (abs(v - target), v))[:k])
-
-
-def _choice(f: Findings, key: str, value: str, allowed) -> None:
-    from verlx.utils.registry import did_you_mean
-
-    allowed = list(allowed)
-    f.require(value in allowed, f"{key}={value!r} is not one of {allowed}.{did_you_mean(value, allowed)}")
 
 
 def _registered(f: Findings, key: str, value: str, registry) -> None:
@@ -51,12 +42,16 @@ def world_size_of(cfg: PPOConfig) -> int:
 
 
 def check_names(cfg: PPOConfig, f: Findings) -> None:
+    """Every name the config picks from a registry (or a schema enumeration) is one that exists."""
     from verlx.algorithms.advantages import ADV_ESTIMATORS
     from verlx.algorithms.core import LOSS_AGG_MODES
     from verlx.algorithms.kl import KL_CONTROLLERS, KL_PENALTIES
     from verlx.algorithms.policy_losses import POLICY_LOSSES
+    from verlx.data.rl_dataset import PROMPT_TRUNCATIONS
     from verlx.reward.managers import REWARD_MANAGERS
     from verlx.rollout.base import ROLLOUT_ENGINES
+    from verlx.utils.lr_schedules import LR_SCHEDULES
+    from verlx.workers.engine import TRAINING_ENGINES
 
     a, arr = cfg.algorithm, cfg.actor_rollout_ref
     _registered(f, "algorithm.adv_estimator", a.adv_estimator, ADV_ESTIMATORS)
@@ -65,19 +60,19 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     _registered(f, "actor_rollout_ref.actor.kl_loss_type", arr.actor.kl_loss_type, KL_PENALTIES)
     _registered(f, "algorithm.kl_ctrl.type", a.kl_ctrl.type, KL_CONTROLLERS)
     _registered(f, "reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
-    _choice(f, "actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES)
-    _choice(f, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
+    f.choice("actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES)
+    f.choice("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
     if arr.rollout.name != "auto" and ":" not in arr.rollout.name:
         _registered(f, "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES)
-    _choice(f, "actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES)
-    _choice(f, "critic.strategy", cfg.critic.strategy, STRATEGIES)
-    _choice(f, "data.truncation", cfg.data.truncation, TRUNCATIONS)
-    _choice(f, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
-    _choice(f, "actor_rollout_ref.rollout.dtype", arr.rollout.dtype, DTYPES)
-    _choice(f, "actor_rollout_ref.rollout.mode", arr.rollout.mode, ("sync",))
+    f.choice("actor_rollout_ref.actor.strategy", arr.actor.strategy, TRAINING_ENGINES.names())
+    f.choice("critic.strategy", cfg.critic.strategy, TRAINING_ENGINES.names())
+    f.choice("data.truncation", cfg.data.truncation, ["error", *PROMPT_TRUNCATIONS.names()])
+    f.choice("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
+    f.choice("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, ROLLOUT_DTYPES)
+    f.choice("actor_rollout_ref.rollout.mode", arr.rollout.mode, ("sync",))
     for key, optim in (("actor_rollout_ref.actor.optim", arr.actor.optim), ("critic.optim", cfg.critic.optim)):
-        _choice(f, f"{key}.lr_scheduler_type", optim.warmup_style or optim.lr_scheduler_type, SCHEDULERS)
-        _choice(f, f"{key}.optimizer", optim.optimizer, ("AdamW",))
+        f.choice(f"{key}.lr_scheduler_type", optim.warmup_style or optim.lr_scheduler_type, LR_SCHEDULES.names())
+        f.choice(f"{key}.optimizer", optim.optimizer, ("AdamW",))
 
 
 def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None:
@@ -98,7 +93,7 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
     ):
         return
     roles = [("actor_rollout_ref.actor", arr.actor, _ranks_per_shard(arr.actor))]
-    if cfg.use_critic:
+    if uses_critic(cfg):
         roles.append(("critic", cfg.critic, _ranks_per_shard(cfg.critic)))
     for key, role, sp in roles:
         mini = role.ppo_mini_batch_size
@@ -278,7 +273,7 @@ def check_sequence_parallel(cfg: PPOConfig, f: Findings, world_size: int) -> Non
             "the reference runs in the actor's workers and needs the same size")
     roles = [("actor_rollout_ref.actor", arr.actor, arr.model.use_remove_padding, "actor_rollout_ref.model",
               arr.model.path)]
-    if cfg.use_critic:
+    if uses_critic(cfg):
         roles.append(("critic", cfg.critic, cfg.critic.model.use_remove_padding, "critic.model",
                       cfg.critic.model.path or arr.model.path))
     for key, role, packed, model_key, path in roles:
@@ -311,7 +306,7 @@ def check_token_budgets(cfg: PPOConfig, f: Findings) -> None:
     if cfg.use_reference:
         budgets.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_max_token_len_per_gpu,
                         arr.ref.log_prob_use_dynamic_bsz))
-    if cfg.use_critic:
+    if uses_critic(cfg):
         budgets += [("critic.ppo_max_token_len_per_gpu", cfg.critic.ppo_max_token_len_per_gpu,
                      cfg.critic.use_dynamic_bsz),
                     ("critic.forward_max_token_len_per_gpu", cfg.critic.forward_max_token_len_per_gpu,
@@ -344,15 +339,15 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
     if crf.path is not None:
         f.require(os.path.isfile(expand_path(crf.path)),
                   f"custom_reward_function.path: file {crf.path!r} does not exist")
-    if uses_critic(cfg) and cfg.critic.model.path is not None:
+    if uses_critic_if_known(cfg) and cfg.critic.model.path is not None:
         f.require(os.path.isdir(expand_path(cfg.critic.model.path)),
                   f"critic.model.path: directory {cfg.critic.model.path!r} does not exist")
 
 
-def uses_critic(cfg: PPOConfig) -> bool:
-    """cfg.use_critic, False for an unknown algorithm.adv_estimator (which check_names reports)."""
+def uses_critic_if_known(cfg: PPOConfig) -> bool:
+    """uses_critic(cfg), False for an unknown algorithm.adv_estimator (which check_names reports)."""
     try:
-        return cfg.use_critic
+        return uses_critic(cfg)
     except KeyError:
         return False
 
