@@ -77,3 +77,13 @@ def test_verl_one_step_off_command_line_keys_are_read():
         "actor_rollout_ref.hybrid_engine=False", "trainer.nnodes=1", "trainer.n_gpus_per_node=6", "rollout.nnodes=1",
         "rollout.n_gpus_per_node=2"])))
     assert (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, cfg.actor_rollout_ref.hybrid_engine) == (1, 2, False)
+
+
+@pytest.mark.parametrize("key", ["trainer.rollout_mode", "trainer.max_staleness", "trainer.partial_rollout",
+                                 "actor_rollout_ref.hybrid_engine", "rollout.n_gpus_per_node",
+                                 "algorithm.rollout_correction.rollout_is"])
+def test_rollout_mode_keys_may_change_on_resume(key):
+    """Nothing generated ahead is saved (the data position is the consumed one), so a new mode takes effect."""
+    from verlx.trainer.resume import TAKES_EFFECT, rule_for
+
+    assert rule_for(key)[0] == TAKES_EFFECT
