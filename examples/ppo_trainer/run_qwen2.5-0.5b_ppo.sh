@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# PPO (GAE with a critic) on GSM8K with Qwen2.5-0.5B-Instruct on one GPU: veRL's quick-start run.
+# PPO (GAE with a critic) on GSM8K with Qwen2.5-0.5B-Instruct on one GPU: veRL's quick-start run without its
+# micro-batch sizes (verlx sizes token-budget micro-batches from the GPU's memory; setting them keeps fixed ones).
 # Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 set -euo pipefail
 python3 -m verlx.trainer.main_ppo \
@@ -11,14 +12,10 @@ python3 -m verlx.trainer.main_ppo \
     actor_rollout_ref.model.path=$HOME/models/Qwen2.5-0.5B-Instruct \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=64 \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
     critic.optim.lr=1e-5 \
     critic.model.path=$HOME/models/Qwen2.5-0.5B-Instruct \
-    critic.ppo_micro_batch_size_per_gpu=4 \
     algorithm.kl_ctrl.kl_coef=0.001 \
     trainer.logger='["console","file"]' \
     trainer.val_before_train=False \

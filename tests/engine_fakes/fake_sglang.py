@@ -19,14 +19,15 @@ from engine_fakes._install import install, module
 
 GPU_MEMORY_ALL_TYPES = ["kv_cache", "weights", "cuda_graph"]
 ENV_SEEN = ("CUDA_VISIBLE_DEVICES", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "SGLANG_BLOCK_NONZERO_RANK_CHILDREN",
-            "NCCL_NVLS_ENABLE", "NCCL_GRAPH_REGISTER", "PYTORCH_CUDA_ALLOC_CONF")
+            "NCCL_NVLS_ENABLE", "NCCL_GRAPH_REGISTER", "PYTORCH_CUDA_ALLOC_CONF", "SGLANG_MEMORY_SAVER_CUDA_GRAPH")
 _BASE_FIELDS: list[tuple[str, Any]] = [
     ("model_path", None), ("tokenizer_path", None), ("skip_tokenizer_init", False), ("trust_remote_code", False),
     ("dtype", "auto"), ("load_format", "auto"), ("mem_fraction_static", None), ("enable_memory_saver", False),
     ("enable_weights_cpu_backup", False), ("tp_size", 1), ("dp_size", 1), ("base_gpu_id", 0), ("gpu_id_step", 1),
     ("nnodes", 1), ("node_rank", 0), ("dist_init_addr", None), ("port", 30000), ("nccl_port", None),
     ("random_seed", None), ("context_length", None), ("max_running_requests", None), ("chunked_prefill_size", None),
-    ("disable_cuda_graph", False), ("disable_radix_cache", False), ("log_level", "error"),
+    ("disable_cuda_graph", False), ("disable_prefill_cuda_graph", False), ("disable_radix_cache", False),
+    ("log_level", "error"),
 ]
 
 
@@ -106,6 +107,9 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             server_args_cls(**kwargs)  # unknown keywords raise TypeError, like ServerArgs(**kwargs)
             if state.start_error:
                 raise RuntimeError(state.start_error)
+            if (os.environ.get("SGLANG_MEMORY_SAVER_CUDA_GRAPH") == "1" and kwargs.get("enable_memory_saver")
+                    and not kwargs.get("disable_cuda_graph") and not kwargs.get("disable_prefill_cuda_graph")):
+                raise NotImplementedError("Breakable CUDA graph is not compatible with memory saver mode")  # 0.5.17
             state.calls.append(("Engine", dict(kwargs), {k: os.environ.get(k) for k in ENV_SEEN}))
             os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
             os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
@@ -118,6 +122,15 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             self.received: list[list[tuple[str, Any]]] = []
             state.engines.append(self)
 
+        def _clipped(self, prompt, sampling_params: dict) -> dict:
+            """SGLang's scheduler: max_new_tokens ≤ context_length - len(prompt) - 2 (its max_req_len is
+            context_length - 1, less one more token)."""
+            context = self.kwargs.get("context_length")
+            if context is None:
+                return sampling_params
+            return {**sampling_params,
+                    "max_new_tokens": min(sampling_params["max_new_tokens"], context - len(prompt) - 2)}
+
         def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, **kwargs):
             state.calls.append(("generate", [list(p) for p in input_ids], dict(sampling_params), return_logprob))
             if self.released:
@@ -125,7 +138,7 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             outputs = []
             for p in input_ids:
                 for s in range(sampling_params.get("n", 1)):
-                    tokens, lps, reason = state.completion(p, s, sampling_params)
+                    tokens, lps, reason = state.completion(p, s, self._clipped(p, sampling_params))
                     finish = {"type": reason}
                     if len(outputs) in state.abort_samples:
                         finish = {"type": "abort", "message": state.abort_samples[len(outputs)]}
@@ -146,7 +159,7 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             if self.released:
                 raise RuntimeError(f"generate while {sorted(self.released)} are released")
             await asyncio.sleep(0)
-            tokens, lps, reason = state.completion(list(input_ids), 0, sampling_params)
+            tokens, lps, reason = state.completion(list(input_ids), 0, self._clipped(input_ids, sampling_params))
             meta = {"id": f"a{len(state.calls)}", "prompt_tokens": len(input_ids), "completion_tokens": len(tokens),
                     "cached_tokens": 0, "finish_reason": {"type": reason}}
             if return_logprob:

@@ -172,9 +172,24 @@ def test_samples_not_splitting_over_workers():
                            "actor_rollout_ref.actor.ppo_mini_batch_size": 3}), check_files=False)
 
 
-def test_missing_micro_batch_size_is_named():
+def test_missing_micro_batch_size_is_named_when_dynamic_batches_are_switched_off():
     with pytest.raises(ConfigError, match="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is not set"):
-        validate(_arith(**{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "null"}), check_files=False)
+        validate(_arith(**{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "null",
+                           "actor_rollout_ref.actor.use_dynamic_bsz": "false"}), check_files=False)
+
+
+def test_without_micro_batch_sizes_the_default_is_token_budget_batches():
+    """use_dynamic_bsz null: token-budget micro-batches unless a micro-batch size is set (then fixed, as in veRL)."""
+    from verlx.workers.auto_settings import dynamic_phases
+
+    cfg = _arith(**{"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "null",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "null"})
+    validate(cfg, check_files=False)
+    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is None
+    assert [(key.rsplit(".", 2)[-2], dynamic) for key, _, dynamic in dynamic_phases(cfg)] == [
+        ("actor", True), ("rollout", True)]
+    fixed = dynamic_phases(_arith())  # the micro-batch sizes of _arith are set
+    assert [dynamic for _, _, dynamic in fixed] == [False, False]
 
 
 def test_tensor_parallel_must_divide_world():

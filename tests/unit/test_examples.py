@@ -55,3 +55,26 @@ def test_there_is_a_script_for_each_engine_and_setup():
     names = {os.path.basename(s) for s in SCRIPTS}
     for expected in ("grpo", "ppo", "8gpu", "lora", "native", "sglang", "vllm", "megatron"):
         assert any(expected in n for n in names), expected
+
+
+TUNING_KEYS = ("micro_batch_size", "max_token_len", "use_dynamic_bsz", "enable_gradient_checkpointing")
+
+
+@pytest.mark.parametrize("name", ["run_qwen2.5-0.5b_grpo.sh", "run_qwen2.5-0.5b_ppo.sh", "run_qwen2-7b_grpo_8gpu.sh",
+                                  "run_qwen2.5-0.5b_gsm8k_tool.sh"])
+def test_examples_leave_batching_and_checkpointing_to_the_workers(name, tmp_path):
+    """The FSDP examples set no micro-batch size, token budget or checkpointing flag: the workers decide them."""
+    args = recorded_arguments(os.path.join(REPO, "examples", "ppo_trainer", name), tmp_path)
+    assert not [a for a in args if any(key in a.split("=")[0] for key in TUNING_KEYS)]
+    cfg = build(PPOConfig, to_container(load_yaml("ppo_trainer", args[2:])))
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.use_dynamic_bsz is None and arr.actor.ppo_max_token_len_per_gpu is None
+    assert arr.model.enable_gradient_checkpointing is None
+
+
+def test_readme_gsm8k_command_sets_no_tuning_flags():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    command = readme.split("## Training on GSM8K", 1)[1].split("```", 2)[1]
+    assert "verlx.trainer.main_ppo" in command
+    assert not [key for key in TUNING_KEYS if key in command]

@@ -12,6 +12,7 @@ from verlx.rollout.token_io import (
     pack_responses,
     prompt_token_lists,
     require_finished,
+    require_full_length,
     rollout_batch_from_result,
 )
 
@@ -57,6 +58,12 @@ def test_result_consistency_checks():
         GenerationResult([[1], [2]], None, ["stop"])
     with pytest.raises(EngineGenerationError, match="vllm did not finish sample 3 \\(finish reason 'abort'\\): oom"):
         require_finished("vllm", 3, "abort", "oom")
+
+
+def test_a_length_stop_before_max_new_tokens_is_an_engine_clip():
+    require_full_length("sglang", GenerationResult([[1, 2, 3], [4]], None, ["length", "stop"]), 3)
+    with pytest.raises(EngineGenerationError, match="sglang stopped sample 1 for length after 2 of max_new_tokens=3"):
+        require_full_length("sglang", GenerationResult([[1, 2, 3], [4, 5]], None, ["length", "length"]), 3)
 
 
 def test_rollout_batch_with_n_2():

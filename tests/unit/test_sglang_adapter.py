@@ -49,7 +49,7 @@ def test_server_args_of_a_two_node_group(tmp_path):
                              weights_cpu_backup=False, kernels=KernelInventory(capability=None))
     assert args == dict(
         model_path=str(tmp_path), tp_size=16, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:30002", base_gpu_id=0,
-        gpu_id_step=1, enable_weights_cpu_backup=False, context_length=4096, chunked_prefill_size=-1,
+        gpu_id_step=1, enable_weights_cpu_backup=False, context_length=4098, chunked_prefill_size=-1,
         disable_radix_cache=True, disable_cuda_graph=True, random_seed=5, port=30000, nccl_port=30001,
     )
 

@@ -11,6 +11,7 @@ import torch
 
 from engine_fakes.contexts import EOS, left_padded_prompts, make_ctx, trainer_weights
 from engine_fakes.fake_sglang import install_fake_sglang
+from verlx.protocol import DataProto
 from verlx.rollout.engine_versions import UnsupportedEngineVersion
 from verlx.rollout.residency import EngineStateError
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
@@ -55,8 +56,9 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
         model_path=model, tokenizer_path=model, skip_tokenizer_init=True, trust_remote_code=False, dtype="bfloat16",
         load_format="dummy", mem_fraction_static=0.5, enable_memory_saver=True, enable_weights_cpu_backup=True,
         tp_size=1, dp_size=1, base_gpu_id=0, gpu_id_step=1, nnodes=1, node_rank=0, dist_init_addr=None,
-        port=30000, nccl_port=30001, random_seed=5, context_length=14, max_running_requests=256,
-        chunked_prefill_size=8192, disable_cuda_graph=False, disable_radix_cache=False, log_level="error",
+        port=30000, nccl_port=30001, random_seed=5, context_length=16, max_running_requests=256,
+        chunked_prefill_size=8192, disable_cuda_graph=False, disable_prefill_cuda_graph=True,
+        disable_radix_cache=False, log_level="error",
     )
     assert env == {
         "CUDA_VISIBLE_DEVICES": "3",
@@ -64,6 +66,7 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
         "SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0",
         "NCCL_NVLS_ENABLE": "0",
         "NCCL_GRAPH_REGISTER": "0",
+        "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1",
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64",
     }
     # what sglang.Engine() wrote into the caller is put back, and so is the multiprocessing start method
@@ -71,6 +74,18 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
     for key in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE",
                 "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"):
         assert key not in os.environ
+
+
+def test_graph_pool_released_only_where_the_prefill_graphs_allow_it(fake, tmp_path):
+    """Default: no prefill graphs, so the release may pause the graph pool. A user who turns prefill graphs back on
+    keeps the pool resident instead of a start that fails (breakable graphs refuse memory-saver mode)."""
+    state = fake("0.5.17")
+    build(tmp_path)
+    assert state.calls[0][2]["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "1"
+    state = fake("0.5.17")
+    build(tmp_path, engine_kwargs=_kwargs(sglang={"disable_prefill_cuda_graph": False}))
+    assert state.calls[0][1]["disable_prefill_cuda_graph"] is False
+    assert state.calls[0][2]["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] is None
 
 
 def test_one_rl_step_calls_the_engine_in_order(fake, tmp_path):
@@ -129,6 +144,18 @@ def test_generate_returns_the_shared_layout(fake, tmp_path):
     assert torch.allclose(out.batch["rollout_log_probs"], expected)
     assert list(out.non_tensor_batch["uid"]) == ["a", "a", "b", "b"]
     assert out.batch["input_ids"].shape == (4, 10)
+
+
+def test_forced_responses_of_a_full_length_prompt_keep_every_token(fake, tmp_path):
+    """SGLang clips max_new_tokens to context_length - prompt - 2; the engine's context leaves room for that, so a
+    prompt of prompt_length with ignore_eos gets all response_length tokens (on the GPU they came back 2 short)."""
+    fake("0.5.17")
+    engine = build(tmp_path, load_format="auto")
+    ids = torch.arange(8).unsqueeze(0) + 20
+    prompts = DataProto({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                         "position_ids": torch.arange(8).unsqueeze(0)}, {"uid": ["a"]}, {"ignore_eos": True})
+    out = engine.generate(prompts)
+    assert out.batch["response_mask"].sum().item() == 6
 
 
 def test_random_or_discarded_weights_need_a_complete_push(fake, tmp_path):

@@ -82,7 +82,7 @@ class ModelConfig:
     external_lib: str | None = None
     override_config: dict[str, Any] = field(default_factory=dict)
     custom_chat_template: str | None = None
-    enable_gradient_checkpointing: bool = True
+    enable_gradient_checkpointing: bool | None = None
     enable_activation_offload: bool = False
     use_remove_padding: bool = True
     use_fused_kernels: bool = True
@@ -101,7 +101,7 @@ class CriticModelConfig:
     override_config: dict[str, Any] = field(default_factory=dict)
     external_lib: str | None = None
     trust_remote_code: bool = False
-    enable_gradient_checkpointing: bool = True
+    enable_gradient_checkpointing: bool | None = None
     enable_activation_offload: bool = False
     use_remove_padding: bool = True
     lora_rank: int = 0

@@ -32,8 +32,8 @@ class ActorConfig:
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size: int | None = None
     ppo_micro_batch_size_per_gpu: int | None = None
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384
+    use_dynamic_bsz: bool | None = None
+    ppo_max_token_len_per_gpu: int | None = None
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
@@ -72,8 +72,8 @@ class RefConfig:
     strategy: str = "fsdp"
     log_prob_micro_batch_size: int | None = None
     log_prob_micro_batch_size_per_gpu: int | None = None
-    log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = 16384
+    log_prob_use_dynamic_bsz: bool | None = None
+    log_prob_max_token_len_per_gpu: int | None = None
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = True
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
@@ -139,8 +139,8 @@ class RolloutConfig:
     load_format: str = "dummy"
     log_prob_micro_batch_size: int | None = None
     log_prob_micro_batch_size_per_gpu: int | None = None
-    log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = 16384
+    log_prob_use_dynamic_bsz: bool | None = None
+    log_prob_max_token_len_per_gpu: int | None = None
     disable_log_stats: bool = True
     do_sample: bool = True
     n: int = 1
@@ -175,9 +175,9 @@ class CriticConfig:
     ppo_micro_batch_size_per_gpu: int | None = None
     forward_micro_batch_size: int | None = None
     forward_micro_batch_size_per_gpu: int | None = None
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 32768
-    forward_max_token_len_per_gpu: int = 32768
+    use_dynamic_bsz: bool | None = None
+    ppo_max_token_len_per_gpu: int | None = None
+    forward_max_token_len_per_gpu: int | None = None
     ppo_epochs: int = 1
     shuffle: bool = False
     data_loader_seed: int = 42

@@ -141,6 +141,7 @@ class TrainerConfig:
     max_restarts: int = 0
     max_consecutive_nonfinite_updates: int = 3
     progress_bar: bool = True
+    compile_cache_dir: str | None = "~/.cache/verlx/compile"
     rollout_mode: str = "sync"
     max_staleness: int | None = None
     staleness_policy: str = "wait"

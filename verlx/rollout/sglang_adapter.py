@@ -23,6 +23,9 @@ from verlx.utils.registry import did_you_mean
 logger = logging.getLogger(__name__)
 
 ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang"
+# SGLang's scheduler clips max_new_tokens to context_length - input_len - 2 (its max_req_len is context_length - 1,
+# less one more token); without this margin every forced-length response came back 2 tokens short (GPU, 0.5.17).
+SGLANG_CONTEXT_MARGIN = 2
 #: Engine arguments verlx derives from the mesh and the sleep cycle; overriding them breaks placement or sync.
 MANAGED_SERVER_ARGS = frozenset(
     {
@@ -72,6 +75,14 @@ class SGLangFeatures:
         }
 
 
+def graph_memory_env(server_args: dict[str, Any]) -> dict[str, str]:
+    """Let the release pause the CUDA graphs' pool too (8.4 GiB stayed on the GPU under a sleeping 0.5B engine,
+    0.5.17 on an H100). SGLang's breakable prefill graphs refuse that mode, so only when prefill graphs are off."""
+    if server_args.get("disable_prefill_cuda_graph") and not server_args.get("disable_cuda_graph"):
+        return {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
+    return {}
+
+
 def server_arg_names(server_args_cls: type, features: SGLangFeatures) -> frozenset[str]:
     """Field names of sglang's ServerArgs: msgspec fields on 0.5.20+, dataclass fields before."""
     if features.msgspec_server_args:
@@ -119,10 +130,13 @@ def build_server_args(
         port=layout.port,
         nccl_port=layout.nccl_port,
         random_seed=cfg.seed + layout.dp_rank,
-        context_length=cfg.max_model_len or cfg.prompt_length + cfg.response_length,
+        context_length=(cfg.max_model_len or cfg.prompt_length + cfg.response_length) + SGLANG_CONTEXT_MARGIN,
         max_running_requests=cfg.max_num_seqs,
         chunked_prefill_size=cfg.max_num_batched_tokens if cfg.enable_chunked_prefill else -1,
         disable_cuda_graph=cfg.enforce_eager,
+        # RL prefills are long batches (little for a graph to gain), and without prefill graphs the decode graphs'
+        # pool can be released while asleep (graph_memory_env).
+        disable_prefill_cuda_graph=True,
         disable_radix_cache=not cfg.enable_prefix_caching,
         log_level="error",
     )

@@ -26,11 +26,12 @@ from verlx.rollout.residency import WEIGHTS
 from verlx.rollout.sglang_adapter import (
     SGLangFeatures,
     build_server_args,
+    graph_memory_env,
     parse_sglang_outputs,
     server_arg_names,
     sglang_sampling_params,
 )
-from verlx.rollout.token_io import prompt_token_lists, rollout_batch_from_result
+from verlx.rollout.token_io import prompt_token_lists, require_full_length, rollout_batch_from_result
 from verlx.rollout.tp_group import TensorParallelGroup
 from verlx.rollout.weight_sync import (
     bucket_bytes_of,
@@ -129,7 +130,7 @@ class SGLangRolloutEngine(ExternalEngine):
 
     def _launch(self, visible_devices: str | None):
         """sglang.Engine() with the environment its spawned processes need; the trainer's own is put back."""
-        env: dict[str, str | None] = dict(self.features.construction_env())
+        env: dict[str, str | None] = {**self.features.construction_env(), **graph_memory_env(self.server_args)}
         env["NCCL_NVLS_ENABLE"] = os.environ.get("NCCL_NVLS_ENABLE", "0")
         env[ALLOC_CONF_ENV] = alloc_conf_without_expandable_segments(os.environ.get(ALLOC_CONF_ENV))
         if visible_devices is not None:
@@ -168,7 +169,9 @@ class SGLangRolloutEngine(ExternalEngine):
                 sampling_params=sglang_sampling_params(params),
                 return_logprob=want_log_probs,
             )
-            return parse_sglang_outputs(outputs, len(prompts) * params.n, want_log_probs)
+            parsed = parse_sglang_outputs(outputs, len(prompts) * params.n, want_log_probs)
+            require_full_length("sglang", parsed, params.max_new_tokens)
+            return parsed
 
         result = self.tp.run_on_leader(run)
         return rollout_batch_from_result(prompts, result, params.n, cfg.response_length, self.ctx.pad_token_id)

@@ -69,6 +69,18 @@ def require_finished(engine: str, index: int, reason: str, message: str = "") ->
         raise EngineGenerationError(f"{engine} did not finish sample {index} (finish reason {reason!r}){detail}")
 
 
+def require_full_length(engine: str, result: GenerationResult, max_new_tokens: int) -> None:
+    """Raise when the engine stopped a sample for length before max_new_tokens: it clipped the request (its
+    context length too short for prompt + response), and the run would train on silently shortened responses."""
+    for i, (ids, reason) in enumerate(zip(result.token_ids, result.finish_reasons)):
+        if reason == "length" and len(ids) < max_new_tokens:
+            raise EngineGenerationError(
+                f"{engine} stopped sample {i} for length after {len(ids)} of max_new_tokens={max_new_tokens} "
+                f"tokens: the engine clipped the request (its context length is shorter than prompt + response); "
+                f"raise actor_rollout_ref.rollout.max_model_len or leave it null"
+            )
+
+
 def pack_responses(
     result: GenerationResult, response_length: int, pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

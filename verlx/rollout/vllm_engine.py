@@ -21,7 +21,7 @@ from verlx.rollout.base import RolloutContext
 from verlx.rollout.external import ExternalEngine
 from verlx.rollout.kernel_backends import inventory as kernel_inventory
 from verlx.rollout.residency import KV_CACHE, EngineStateError
-from verlx.rollout.token_io import prompt_token_lists, rollout_batch_from_result
+from verlx.rollout.token_io import prompt_token_lists, require_full_length, rollout_batch_from_result
 from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloaded_names, vllm_sampling_kwargs
 from verlx.rollout.weight_sync import WeightSyncError, bucket_bytes_of, engine_dtype, iter_buckets, iter_engine_weights
 from verlx.utils.environ import scoped_environ
@@ -89,6 +89,7 @@ class VLLMRolloutEngine(ExternalEngine):
         sampling = SamplingParams(**vllm_sampling_kwargs(params, want_log_probs))
         outputs = self._llm.generate(requests, sampling_params=sampling, use_tqdm=False)
         result = parse_vllm_outputs(outputs, params.n, want_log_probs)
+        require_full_length("vllm", result, params.max_new_tokens)
         return rollout_batch_from_result(prompts, result, params.n, cfg.response_length, self.ctx.pad_token_id)
 
     # ------------------------------------------------------------------ memory

@@ -106,8 +106,8 @@ class RayPPOTrainer:
         self.actor_rollout_wg = views["actor_rollout_ref"]
         self.critic_wg = views.get("critic")
         if self.critic_wg is not None:
-            self.critic_wg.init_model()
-        self.actor_rollout_wg.init_model()
+            log_worker_settings("critic", self.critic_wg.init_model())
+        log_worker_settings("actor", self.actor_rollout_wg.init_model())
         self.generator = self.actor_rollout_wg  # what generates: the colocated engines, or a rollout group
         if not colocated:
             from verlx.trainer.rollout_modes.rollout_group import RolloutGroup
@@ -421,6 +421,14 @@ class RayPPOTrainer:
         greedy = prompts.select(batch_keys=[], non_tensor_batch_keys=None, meta_info_keys=[])
         greedy.union(gen_out)
         return self.reward_fn(greedy).token_level_scores.sum(-1).repeat_interleave(n)
+
+
+def log_worker_settings(role: str, results: list) -> None:
+    """Log once what rank 0 of a worker group chose for the keys the config left open (workers/memory_plan): the
+    ranks agree on the choices, and the workers' own INFO logs are not shown."""
+    settings = (results[0] or {}).get("settings") if results else None
+    if settings:
+        logger.info("%s: %s", role, "; ".join(settings))
 
 
 def _load_model_config(config: PPOConfig):

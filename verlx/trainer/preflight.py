@@ -16,7 +16,7 @@ from verlx.config.loader import ConfigError, Findings
 from verlx.config.roles import ROLLOUT_DTYPES
 from verlx.config.run import RESUME_MODES
 from verlx.config.schema import PPOConfig
-from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
+from verlx.utils.batch_sizes import dynamic_batches, per_gpu_micro_batch_size, ppo_batch_sizes
 from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
             continue
         sizes = ppo_batch_sizes(role, n, dp)
         per_gpu, micro = sizes.mini, sizes.micro
-        if role.use_dynamic_bsz:
+        if dynamic_batches(role.use_dynamic_bsz, micro):
             continue
         if micro is None:
             f.problems.append(
@@ -141,9 +141,9 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
         log_prob_roles.append(("actor_rollout_ref.ref", arr.ref.log_prob_micro_batch_size,
                                arr.ref.log_prob_micro_batch_size_per_gpu, arr.ref.log_prob_use_dynamic_bsz))
     for key, global_micro, per_gpu_micro, dynamic in log_prob_roles:
-        if dynamic:
-            continue
         micro = per_gpu_micro_batch_size(per_gpu_micro, global_micro, world_size)
+        if dynamic_batches(dynamic, micro):
+            continue
         f.require(
             micro is not None and micro > 0,
             f"{key}.log_prob_micro_batch_size_per_gpu is not set (and log_prob_use_dynamic_bsz is false); "
@@ -295,25 +295,16 @@ def check_token_budgets(cfg: PPOConfig, f: Findings) -> None:
     """Every token budget of a dynamic-batch phase must hold the longest sequence the data and rollout allow.
 
     An error, not a warning: a prompt of max_prompt_length with a response cut at max_response_length is an
-    ordinary event in RL, so the run would fail at the first such sample, hours in, with the same message.
+    ordinary event in RL, so the run would fail at the first such sample, hours in, with the same message. A null
+    budget is derived by the workers, which check it the same way (workers/memory_plan).
     """
-    arr, data = cfg.actor_rollout_ref, cfg.data
+    from verlx.workers.auto_settings import dynamic_phases
+
+    data = cfg.data
     longest = data.max_prompt_length + data.max_response_length
-    budgets = [("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.ppo_max_token_len_per_gpu,
-                arr.actor.use_dynamic_bsz),
-               ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_max_token_len_per_gpu,
-                arr.rollout.log_prob_use_dynamic_bsz)]
-    if cfg.use_reference:
-        budgets.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_max_token_len_per_gpu,
-                        arr.ref.log_prob_use_dynamic_bsz))
-    if uses_critic(cfg):
-        budgets += [("critic.ppo_max_token_len_per_gpu", cfg.critic.ppo_max_token_len_per_gpu,
-                     cfg.critic.use_dynamic_bsz),
-                    ("critic.forward_max_token_len_per_gpu", cfg.critic.forward_max_token_len_per_gpu,
-                     cfg.critic.use_dynamic_bsz)]
-    for key, budget, dynamic in budgets:
+    for key, budget, dynamic in dynamic_phases(cfg):
         f.require(
-            not dynamic or budget >= longest,
+            not dynamic or budget is None or budget >= longest,
             f"{key}={budget} is smaller than the longest possible sequence, data.max_prompt_length + "
             f"data.max_response_length = {data.max_prompt_length} + {data.max_response_length} = {longest} tokens; "
             f"a micro-batch must hold at least one sequence, so raise it to at least {longest}",
@@ -373,6 +364,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         check_batch_arithmetic(cfg, f, world_size or world_size_of(cfg))
         check_sequence_parallel(cfg, f, world_size or world_size_of(cfg))
         check_token_budgets(cfg, f)
+    if not f.problems:
+        from verlx.workers.auto_settings import memory_problems
+
+        f.problems += memory_problems(cfg, world_size or world_size_of(cfg))
     if check_files:
         check_paths(cfg, f)
     if f.problems:

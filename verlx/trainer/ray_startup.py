@@ -24,7 +24,8 @@ def start_ray(config, use_gpu: bool) -> None:
         return
     init = config.ray_kwargs.ray_init
     env = {"TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+           **{k: v for k, v in os.environ.items() if k.startswith("VERLX_PROFILE_")}}  # workers/profiling.py
     kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
     if init.address:
         kwargs["address"] = init.address

@@ -35,3 +35,9 @@ def ppo_batch_sizes(role, n: int, dp: int) -> RankBatchSizes:
         mini=role.ppo_mini_batch_size * n // dp,
         micro=per_gpu_micro_batch_size(role.ppo_micro_batch_size_per_gpu, role.ppo_micro_batch_size, dp),
     )
+
+
+def dynamic_batches(use_dynamic_bsz: bool | None, micro_batch_size: int | None) -> bool:
+    """Whether a phase builds token-budget micro-batches: `use_dynamic_bsz` when set; unset (null), token budgets
+    unless a micro-batch size is given (a veRL command line that sets one keeps its fixed micro-batches)."""
+    return micro_batch_size is None if use_dynamic_bsz is None else use_dynamic_bsz

@@ -16,11 +16,14 @@ from verlx.rollout.base import RolloutContext, get_engine_class
 from verlx.rollout.weight_sync import engine_dtype_on
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
+from verlx.utils.compile_cache import compile_cache_note
 from verlx.utils.distributed import init_distributed
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
 from verlx.workers.actor import PPOActor
+from verlx.workers.auto_settings import resolve_actor_settings
 from verlx.workers.engine import ModelSpec, engine_class
+from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
 from verlx.workers.perf import PhaseTimer, phase_metrics
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
@@ -51,18 +54,23 @@ class ActorRolloutRefWorker(Worker):
         self.transfer_store = self.transfer_group = None
         self.weights_version: int | None = None
         self.interrupted_upto = -1  # partial rollout: generations with an id up to this one stop
+        self.engine_resident_bytes = 0  # what the engine keeps on the GPU while training runs (measured at init)
 
     # ------------------------------------------------------------------ set-up
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
         arr = self.config.actor_rollout_ref
         model_path = self._init_process_and_model_metadata()
+        settings = compile_cache_note(self.config.trainer.compile_cache_dir)  # before anything compiles
+        process_baseline(self.device)  # the GPU's memory in use before this process builds anything
         import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
         if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
         if self.is_actor or self.is_ref:
+            settings += self._resolve_auto_settings(model_path)
             self._init_training(model_path)
-        return {"rank": self.rank, "device": str(self.device)}
+        # what verlx chose for the keys left open: the driver logs rank 0's (worker logs are not shown at INFO)
+        return {"rank": self.rank, "device": str(self.device), "settings": settings}
 
     def _init_process_and_model_metadata(self) -> str:
         """The process group, seeds, tokenizer and HF config; returns the expanded model path."""
@@ -75,6 +83,13 @@ class ActorRolloutRefWorker(Worker):
                                         arr.model.custom_chat_template)
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         return model_path
+
+    def _resolve_auto_settings(self, model_path: str) -> list[str]:
+        """Fill the keys left null (token budgets, dynamic batches, gradient checkpointing) from the memory estimate of
+        this GPU (workers/memory_plan); returns the choices with their numbers."""
+        self.config, notes = resolve_actor_settings(self.config, self.hf_config, model_path, self.device,
+                                                    self.world_size, self.engine_resident_bytes)
+        return notes
 
     def _init_training(self, model_path: str) -> None:
         """The actor's and the reference's training engines (actor_rollout_ref.actor.strategy) on one placement."""
@@ -109,14 +124,16 @@ class ActorRolloutRefWorker(Worker):
             if model is not None:
                 model.engine.offload()
 
-    def _on_device(self, actor: bool = False, ref: bool = False, optimizer: bool = False) -> ExitStack:
-        """The offloaded parts a phase computes with, on the device for the `with` block (no-ops without offload).
+    def _on_device(self, actor: bool = False, ref: bool = False, optimizer: bool = False,
+                   overlap: bool = False) -> ExitStack:
+        """The offloaded parts a phase computes with, on the device for the `with` block (no-ops without offload);
+        `overlap` for phases that start with a forward pass (copies overlap compute, workers/fsdp/offload.py).
         A LoRA reference is the actor's own module with its adapters disabled, so it brings the actor's weights."""
         stack = ExitStack()
         if actor and self.actor is not None:
-            stack.enter_context(self.actor.engine.on_device(optimizer=optimizer))
+            stack.enter_context(self.actor.engine.on_device(optimizer=optimizer, overlap=overlap))
         if ref and self.ref is not None:
-            stack.enter_context(self.ref.engine.on_device())
+            stack.enter_context(self.ref.engine.on_device(overlap=overlap))
         return stack
 
     def _sp_size(self) -> int:
@@ -158,8 +175,10 @@ class ActorRolloutRefWorker(Worker):
         self.engine_asleep = self.engine_sleeps
         if self.engine_asleep:
             self.engine.sleep()
-            if used_before is not None:  # nothing else is on the device yet: the difference is the sleeping engine
-                self.engine_asleep_gb = (self._device_used_bytes() - used_before) / 2**30
+        if used_before is not None:  # nothing else is on the device yet: the difference is the engine's
+            self.engine_resident_bytes = self._device_used_bytes() - used_before
+            if self.engine_asleep:
+                self.engine_asleep_gb = self.engine_resident_bytes / 2**30
 
     # ------------------------------------------------------------------ rollout
     def _push_weights(self) -> float:
@@ -179,7 +198,7 @@ class ActorRolloutRefWorker(Worker):
                                "it would generate from the engine's initial weights")
         timing = {}
         start, wall_start = time.perf_counter(), time.time()
-        timer = PhaseTimer(self.device)
+        timer = PhaseTimer(self.device, "gen", self.rank)
         with timer.measure():
             if self.engine_asleep:
                 self.engine.wake_up(("weights",))
@@ -314,8 +333,8 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=False)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        timer = PhaseTimer(self.device)
-        with self._on_device(actor=True), timer.measure():
+        timer = PhaseTimer(self.device, "actor_infer", self.rank)
+        with self._on_device(actor=True, overlap=True), timer.measure():
             log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
         metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
                                 forward_only=True, share=1 / self._sp_size())
@@ -327,8 +346,8 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"role {self.role} has no reference model")
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        timer = PhaseTimer(self.device)
-        with self._on_device(ref=True), timer.measure():
+        timer = PhaseTimer(self.device, "ref", self.rank)
+        with self._on_device(ref=True, overlap=True), timer.measure():
             log_prob, _ = self.ref.compute_log_prob(data, micro, dynamic, max_tokens)
         metrics = phase_metrics("ref", self.hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
                                 share=1 / self._sp_size())
@@ -347,8 +366,8 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", arr.rollout.temperature)
         start, wall_start = time.perf_counter(), time.time()
         full_kl = actor_cfg.use_kl_loss and kl_needs_full_distribution(actor_cfg.kl_loss_type)
-        timer = PhaseTimer(self.device)
-        with self._on_device(actor=True, ref=full_kl, optimizer=True), timer.measure():
+        timer = PhaseTimer(self.device, "actor", self.rank)
+        with self._on_device(actor=True, ref=full_kl, optimizer=True, overlap=True), timer.measure():
             metrics = self.actor.update_policy(data, sizes.mini, sizes.micro)
         seq_lens = sequence_lengths(data).tolist() * actor_cfg.ppo_epochs
         metrics.update(phase_metrics("actor", self.hf_config, seq_lens, timer, share=1 / self._sp_size()))

@@ -9,11 +9,14 @@ from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
+from verlx.utils.compile_cache import compile_cache_note
 from verlx.utils.distributed import init_distributed
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
+from verlx.workers.auto_settings import resolve_critic_settings
 from verlx.workers.critic import PPOCritic
 from verlx.workers.engine import ModelSpec, engine_class
+from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
 from verlx.workers.perf import PhaseTimer, phase_metrics
 
@@ -24,14 +27,18 @@ class CriticWorker(Worker):
         self.config = config
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        cfg = self.config
-        critic = cfg.critic
-        init_distributed(timeout_s=cfg.actor_rollout_ref.nccl_timeout)
-        seed_everything(cfg.trainer.seed + 1000 + self.rank)
-        path = expand_path(critic.model.path or cfg.actor_rollout_ref.model.path)
+    def init_model(self) -> dict:
+        init_distributed(timeout_s=self.config.actor_rollout_ref.nccl_timeout)
+        settings = compile_cache_note(self.config.trainer.compile_cache_dir)  # before anything compiles
+        process_baseline(self.device)  # the GPU's memory in use before this process builds anything
+        seed_everything(self.config.trainer.seed + 1000 + self.rank)
+        critic = self.config.critic
+        path = expand_path(critic.model.path or self.config.actor_rollout_ref.model.path)
         import_external_lib(critic.model.external_lib)
         self.hf_config = load_hf_config(path, critic.model.trust_remote_code, critic.model.override_config)
+        self.config, notes = resolve_critic_settings(self.config, self.hf_config, path, self.device, self.world_size)
+        cfg = self.config
+        critic = cfg.critic
         engine_cls = engine_class(critic.strategy, "critic.strategy")
         placement = engine_cls.place({"critic": critic}, self.hf_config, self.world_size)
         self.set_dispatch_info("critic", placement.dp_rank, placement.dp_size, placement.is_collect)
@@ -41,6 +48,7 @@ class CriticWorker(Worker):
                          max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite_updates)
         self.critic = PPOCritic(critic, engine_cls.build(spec, placement))
         self.critic.engine.offload()
+        return {"settings": settings + notes}  # the driver logs rank 0's choices
 
     def _micro(self, per_gpu: int | None, global_size: int | None) -> int | None:
         return per_gpu_micro_batch_size(per_gpu, global_size, self.dp_size)
@@ -50,8 +58,8 @@ class CriticWorker(Worker):
         c = self.config.critic
         micro = self._micro(c.forward_micro_batch_size_per_gpu, c.forward_micro_batch_size) or self._micro(
             c.ppo_micro_batch_size_per_gpu, c.ppo_micro_batch_size)
-        timer = PhaseTimer(self.device)
-        with self.critic.engine.on_device(), timer.measure():
+        timer = PhaseTimer(self.device, "critic_infer", self.rank)
+        with self.critic.engine.on_device(overlap=True), timer.measure():
             values = self.critic.compute_values(data, micro)
         metrics = phase_metrics("critic_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
                                 forward_only=True, share=1 / c.ulysses_sequence_parallel_size)
@@ -62,8 +70,8 @@ class CriticWorker(Worker):
         c = self.config.critic
         sizes = ppo_batch_sizes(c, self.config.actor_rollout_ref.rollout.n, self.dp_size)
         start = time.perf_counter()
-        timer = PhaseTimer(self.device)
-        with self.critic.engine.on_device(optimizer=True), timer.measure():
+        timer = PhaseTimer(self.device, "critic", self.rank)
+        with self.critic.engine.on_device(optimizer=True, overlap=True), timer.measure():
             metrics = self.critic.update_critic(data, sizes.mini, sizes.micro)
         metrics.update(phase_metrics("critic", self.hf_config, sequence_lengths(data).tolist() * c.ppo_epochs, timer,
                                      share=1 / c.ulysses_sequence_parallel_size))

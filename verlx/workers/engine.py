@@ -118,8 +118,9 @@ class TrainingEngine(abc.ABC):
         returns `metrics` reduced over the data-parallel ranks."""
 
     # ------------------------------------------------------------------ state
-    def on_device(self, optimizer: bool = False):
-        """Context: offloaded parameters (and, with `optimizer`, optimizer state) on the device for a phase."""
+    def on_device(self, optimizer: bool = False, overlap: bool = False):
+        """Context: offloaded parameters (and, with `optimizer`, optimizer state) on the device for a phase; with
+        `overlap` (phases whose first use is a forward pass), the copies may still run when the block starts."""
         return nullcontext()
 
     def offload(self) -> None:

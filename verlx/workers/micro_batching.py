@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from verlx.protocol import DataProto
+from verlx.utils.batch_sizes import dynamic_batches
 from verlx.workers.stats import global_counts
 
 
@@ -90,10 +91,15 @@ def _all_ranks_true(flag: bool, group) -> bool:
 
 
 def micro_batches(
-    data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int, group=None, key=""
+    data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool | None, max_token_len: int | None, group=None,
+    key=""
 ) -> tuple[list[DataProto], torch.Tensor | None]:
-    """Fixed-size or token-budget micro-batches; the permutation is None when order is kept."""
-    if use_dynamic_bsz:
+    """Fixed-size or token-budget micro-batches (utils.batch_sizes.dynamic_batches decides an unset flag); the
+    permutation is None when order is kept. An unset budget is the workers' to derive (workers/memory_plan)."""
+    if dynamic_batches(use_dynamic_bsz, micro_batch_size):
+        if max_token_len is None:
+            raise ValueError(f"{key or 'max_token_len_per_gpu'} is unset: the workers derive it when they start "
+                             "(workers/memory_plan); code that builds engines itself must set it")
         return token_budget_micro_batches(data, max_token_len, group, key)
     if not micro_batch_size or micro_batch_size <= 0:
         raise ValueError(f"micro-batch size must be positive (got {micro_batch_size}) when use_dynamic_bsz is false")

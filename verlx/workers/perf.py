@@ -13,39 +13,42 @@ reset when the phase starts), the max over ranks; absent on CPU.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
 
 from verlx.utils.flops import estimate_flops
+from verlx.workers.profiling import phase_profile
 
 MFU_PREFIX = "perf/mfu/"
 MEMORY_PREFIX = "perf/max_memory_allocated_gb/"
 
 
 class PhaseTimer:
-    """Seconds of compute and the device's peak allocation of one phase (`with meter.measure(): ...`)."""
+    """Seconds of compute and the device's peak allocation of one phase (`with meter.measure(): ...`); a named
+    phase is profiled when the environment asks for it (workers/profiling.py), outside the seconds measured."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, phase: str | None = None, rank: int = 0):
+        self.device, self.phase, self.rank = device, phase, rank
         self.seconds = 0.0
         self.peak_bytes: int | None = None
 
     @contextmanager
     def measure(self):
         on_cuda = self.device.type == "cuda"
-        if on_cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        start = time.perf_counter()
-        try:
-            yield self
-        finally:
+        with phase_profile(self.phase, self.rank, self.device) if self.phase else nullcontext():
             if on_cuda:
                 torch.cuda.synchronize(self.device)
-                self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
-            self.seconds = time.perf_counter() - start
+                torch.cuda.reset_peak_memory_stats(self.device)
+            start = time.perf_counter()
+            try:
+                yield self
+            finally:
+                if on_cuda:
+                    torch.cuda.synchronize(self.device)
+                    self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+                self.seconds = time.perf_counter() - start
 
 
 def phase_metrics(phase: str, hf_config, seq_lens: list[int], timer: PhaseTimer, forward_only: bool = False,

@@ -9,6 +9,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from verlx.models.lora import lora_scaling, merged_weights
 from verlx.models.ulysses import check_ulysses, sequence_parallel_group
@@ -28,6 +29,7 @@ from verlx.workers.fsdp.model_builder import (
 from verlx.workers.fsdp.offload import Offloader
 from verlx.workers.guarded_step import GuardedStepper
 from verlx.workers.micro_batching import MiniBatch, gradient_accumulation
+from verlx.workers.profiling import MICRO_BATCH, OPTIMIZER_STEP
 from verlx.workers.stats import MetricAccumulator, optimizer_state_bytes
 
 
@@ -76,7 +78,7 @@ class FSDPEngine(TrainingEngine):
         compile_for_training(module, spec.role.use_torch_compile, spec.device)
         if not spec.trainable:
             apply_fsdp2(module, spec.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward)
-            offloader = Offloader(spec.name, module, None, spec.device, fsdp.param_offload)
+            offloader = Offloader.for_config(spec.name, module, None, spec.device, fsdp.param_offload)
             return cls(spec.name, module, device=spec.device, offloader=offloader)
         return cls._trainable(spec, module, fsdp, placement)
 
@@ -87,8 +89,8 @@ class FSDPEngine(TrainingEngine):
                     cpu_offload=fsdp.offload_policy and spec.device.type == "cuda",
                     grad_divide_factor=placement.dp_size if sp_group is not None else None)
         optimizer = build_optimizer(module.parameters(), spec.role.optim)
-        offloader = Offloader(spec.name, module, optimizer, spec.device, fsdp.param_offload and not fsdp.offload_policy,
-                              fsdp.optimizer_offload)
+        offloader = Offloader.for_config(spec.name, module, optimizer, spec.device,
+                                         fsdp.param_offload and not fsdp.offload_policy, fsdp.optimizer_offload)
         lr_scheduler = build_lr_scheduler(optimizer, spec.role.optim, spec.total_steps)
         with_hf = spec.tokenizer is not None
         checkpoint = FSDPCheckpointManager(module, optimizer, lr_scheduler, spec.tokenizer,
@@ -140,14 +142,18 @@ class FSDPEngine(TrainingEngine):
         for mini in mini_batches:
             self.optimizer.zero_grad(set_to_none=True)
             for mb in gradient_accumulation(self.module, mini.micro_batches, self.defer_grad_reduce):
-                loss_fn(mb, self._run(mb, head), mini.counts).backward()
-            self.stepper.step(self.module, self.optimizer, self.grad_clip, metrics)
+                with record_function(MICRO_BATCH):  # markers for phase profiles (workers/profiling.py)
+                    loss_fn(mb, self._run(mb, head), mini.counts).backward()
+            with record_function(OPTIMIZER_STEP):
+                self.stepper.step(self.module, self.optimizer, self.grad_clip, metrics)
         self.optimizer.zero_grad(set_to_none=True)  # gradients are dead weight until the next update (rollout)
         return metrics.reduce()
 
     # ------------------------------------------------------------------ state
-    def on_device(self, optimizer: bool = False):
-        return self.offloader.on_device(optimizer=optimizer) if self.offloader is not None else nullcontext()
+    def on_device(self, optimizer: bool = False, overlap: bool = False):
+        if self.offloader is None:
+            return nullcontext()
+        return self.offloader.on_device(optimizer=optimizer, overlap=overlap)
 
     def offload(self) -> None:
         if self.offloader is not None:

@@ -1,0 +1,252 @@
+"""veRL 0.9.1 and verlx side by side on one GPU: the same GRPO run, phase timings of both from their own metrics.
+
+The run (issue 16): a Qwen2.5-0.5B-shaped model with random weights (benchmarks/grpo_step_gpu.py builds it: bf16
+safetensors, Qwen's 151,936-token vocabulary, the quick start's byte-level tokenizer), arithmetic prompts in the
+GSM8K schema, 64 prompts × 4 samples, 256 response tokens forced (rollout.ignore_eos), no KL, `--steps` steps
+each; both score with benchmarks/peer_reward.py. verlx runs first with its defaults (the workers size the
+micro-batches; their choices are read from the log); veRL then gets the same model, data, batch, mini-batch,
+lengths and the token budgets verlx chose, in veRL's strongest ordinary configuration: vLLM rollout (async mode,
+CUDA graphs, sleep between phases), dynamic batch sizes, remove-padding, no gradient checkpointing, torch.compile
+on (its default), FSDP with fp32 master weights like verlx.
+
+veRL's defaults it has to leave: rollout.tensor_model_parallel_size 2 → 1 (one GPU); flash_attention_2 → sdpa
+(flash-attn is not installed on the machine and cannot be built there; veRL's remove-padding then relies on
+transformers' packed-sequence masks); data_source "arithmetic" is unknown to veRL's built-in scores (the shared
+reward file). If an attempt fails, the next --verl-attempts entry is tried (the V0 trainer, which does not need
+TransferQueue; padded batches); every attempt's command, exit status and last error lines are printed and saved.
+
+On the GPU machine (no network there), from this checkout:
+  here:   bash benchmarks/peer_verl_wheels.sh            # .whl/peer_verl: veRL and its missing pure-Python deps
+          bash ../shared/tools/engine-bundle.sh vllm     # .engines/vllm: vLLM 0.26 in parts + install.sh
+  there:  carry each part of .engines/vllm as engine-bundle.sh says, then, carrying .device, .whl/peer_verl and
+          .engines/vllm/install.sh:
+          source .device/install.sh && source .engines/vllm/install.sh && \\
+            python benchmarks/peer_verl.py --wheels .whl/peer_verl --steps 3
+  shapes: --shape 1.5b; --response-length 1024 (generation dominates)
+
+Prints the two runs' per-step tables and a side-by-side of the steady steps (mean of steps ≥ 2): seconds per step
+and per phase, generated tokens per second, veRL / verlx. Writes $OUT/peer_verl.json (and both metric files).
+
+  python benchmarks/peer_verl.py --smoke    # CPU: verlx's side on the tiny shape, veRL's command printed, not run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
+
+import grpo_step_gpu  # noqa: E402 - after the sys.path entries above
+
+REWARD_FILE = os.path.join(ROOT, "benchmarks", "peer_reward.py")
+WHEEL_TARGET = "/tmp/peer-verl"
+# veRL's phases in its metrics (trainer/ppo/v1/trainer_base.py and trainer_sync.py of 0.9.1), as verlx names them
+PHASES = ("gen", "update_weights", "reward", "old_log_prob", "ref", "adv", "update_actor")
+ATTEMPTS = {  # name: (trainer.use_v1, actor_rollout_ref.model.use_remove_padding)
+    "v1-rmpad": (True, True),
+    "v0-rmpad": (False, True),
+    "v1-padded": (True, False),
+}
+CONSOLE_LINE = re.compile(r"(?:^|\) )step:(\d+) - (.*)$")
+NUMBER = re.compile(r"^(?:np\.\w+\()?(-?(?:[\d.]+(?:e[-+]?\d+)?|nan|inf))\)?$")
+
+
+def verl_command(model_dir: str, data_dir: str, out_dir: str, args, budgets: dict, attempt: str) -> list[str]:
+    """veRL's main_ppo command line for the run (see the module docstring for every choice)."""
+    use_v1, remove_padding = ATTEMPTS[attempt]
+    prompts, n = args.prompts, args.n
+    return [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+        f"data.train_batch_size={prompts}", "data.max_prompt_length=64",
+        f"data.max_response_length={args.response_length}", "data.filter_overlong_prompts=False",
+        "data.truncation=error",
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.actor.optim.lr=1e-6", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts // 2}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budgets['actor_budget']}",
+        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={budgets['log_prob_budget']}",
+        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.rollout.ignore_eos=True", f"actor_rollout_ref.rollout.max_num_seqs={max(256, prompts * n)}",
+        f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
+        f"trainer.use_v1={use_v1}", "trainer.critic_warmup=0", "trainer.logger=[console,file]",
+        "trainer.project_name=peer_verl", f"trainer.experiment_name={attempt}", "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1", f"trainer.total_training_steps={args.steps}", "trainer.total_epochs=1",
+        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        "trainer.resume_mode=disable", f"trainer.default_local_dir={out_dir}/ckpt",
+    ]
+
+
+def _number(text: str) -> float | None:
+    if text in ("True", "False"):
+        return float(text == "True")
+    match = NUMBER.match(text.strip())
+    return float(match.group(1)) if match else None
+
+
+def parse_verl_console(text: str) -> list[dict]:
+    """veRL's console metric lines ("step:N - key:value - ...", numbers printed by pprint, numpy scalars as
+    np.float64(x), behind Ray's "(TaskRunnerV1 pid=...)" prefix) → one dict per step, verlx's row layout."""
+    rows = {}
+    for line in text.splitlines():
+        match = CONSOLE_LINE.search(line.strip())
+        if match is None:
+            continue
+        row = {"step": int(match.group(1))}
+        for part in match.group(2).split(" - "):
+            key, sep, value = part.partition(":")
+            number = _number(value) if sep else None
+            if number is not None:
+                row[key.strip()] = number
+        rows[row["step"]] = {**rows.get(row["step"], {}), **row}
+    return [rows[s] for s in sorted(rows)]
+
+
+def read_verl_jsonl(path: str) -> list[dict]:
+    """veRL's file logger (VERL_FILE_LOGGER_PATH): {"step": N, "data": {...}} per line."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [{"step": r["step"], **r["data"]} for r in records if "timing_s/step" in r["data"]]
+
+
+def steady(rows: list[dict], key: str) -> float | None:
+    """Mean of `key` over the steps after the first (compilation, graph capture, engine start)."""
+    values = [r[key] for r in rows if r.get("step", 0) >= 2 and isinstance(r.get(key), (int, float))]
+    return sum(values) / len(values) if values else None
+
+
+def side_by_side(verlx_rows: list[dict], verl_rows: list[dict], samples_per_step: int) -> list[dict]:
+    """Steady-state seconds per step and phase, and generated tokens per second (samples × mean response length
+    / step seconds), of both systems."""
+    table = []
+    for key in ("timing_s/step", *(f"timing_s/{p}" for p in PHASES)):
+        table.append({"metric": key, "verlx": steady(verlx_rows, key), "verl": steady(verl_rows, key)})
+    rates = {}
+    for name, rows in (("verlx", verlx_rows), ("verl", verl_rows)):
+        step, length = steady(rows, "timing_s/step"), steady(rows, "response_length/mean")
+        rates[name] = samples_per_step * length / step if step and length else None
+    table.append({"metric": "generated tok/s", **rates})
+    for row in table:
+        a, b = row["verlx"], row["verl"]
+        row["verl / verlx"] = b / a if a and b is not None else None
+    return table
+
+
+def print_side_by_side(table: list[dict]) -> None:
+    print("\n| steady state (steps ≥ 2) | verlx | veRL 0.9.1 | veRL / verlx |\n|---|---|---|---|")
+    for row in table:
+        cells = [f"{row[k]:.4g}" if isinstance(row[k], float) else "-" for k in ("verlx", "verl", "verl / verlx")]
+        print(f"| {row['metric']} | " + " | ".join(cells) + " |")
+
+
+def install_wheels(wheel_dir: str, target: str = WHEEL_TARGET) -> str:
+    """Install the carried wheels once per machine into `target` (veRL's process puts it first on its path)."""
+    done = os.path.join(target, ".done")
+    if not os.path.exists(done):
+        wheels = [os.path.join(wheel_dir, w) for w in sorted(os.listdir(wheel_dir)) if w.endswith(".whl")]
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--target", target, *wheels], check=True)
+        with open(done, "w"):
+            pass
+    return target
+
+
+def run_verl(args, model_dir: str, data_dir: str, work: str, budgets: dict) -> dict:
+    """Each attempt in turn until one logs every step; what each did is kept."""
+    env = {**os.environ, "VERL_LOGGING_LEVEL": "INFO"}
+    if args.wheels:
+        env["PYTHONPATH"] = os.pathsep.join([install_wheels(args.wheels), env.get("PYTHONPATH", "")])
+    tried = []
+    for attempt in args.verl_attempts.split(","):
+        out_dir = os.path.join(work, f"verl-{attempt}")
+        os.makedirs(out_dir, exist_ok=True)
+        cmd = verl_command(model_dir, data_dir, out_dir, args, budgets, attempt)
+        record = {"attempt": attempt, "command": " ".join(cmd)}
+        tried.append(record)
+        if args.smoke:
+            record["result"] = "not run (--smoke)"
+            print("veRL command: " + record["command"])
+            continue
+        jsonl = os.path.join(out_dir, "metrics.jsonl")
+        log_path = os.path.join(work, f"verl-{attempt}.log")
+        with open(log_path, "w") as log:
+            try:
+                rc = subprocess.run(cmd, cwd=out_dir, env={**env, "VERL_FILE_LOGGER_PATH": jsonl},
+                                    timeout=args.timeout_s, stdout=log, stderr=subprocess.STDOUT).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        with open(log_path) as f:
+            text = f.read()
+        rows = read_verl_jsonl(jsonl) or parse_verl_console(text)
+        record.update(rc=rc, steps=len(rows), log_tail=text.splitlines()[-25:])
+        if len(rows) >= args.steps:
+            record["rows"] = rows
+            return {"tried": tried, "rows": rows, "attempt": attempt}
+    return {"tried": tried, "rows": [], "attempt": None}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="0.5b", choices=list(grpo_step_gpu.SHAPES))
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--response-length", type=int, default=256)
+    p.add_argument("--wheels", help="directory of the wheels benchmarks/peer_verl_wheels.sh downloaded")
+    p.add_argument("--verl-attempts", default=",".join(ATTEMPTS), help=f"tried in order: {', '.join(ATTEMPTS)}")
+    p.add_argument("--timeout-s", type=int, default=1500, help="per veRL attempt")
+    p.add_argument("--smoke", action="store_true", help="CPU: verlx's side on the tiny shape; veRL's command printed")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.shape, args.steps, args.prompts, args.n, args.response_length = "tiny", 2, 4, 2, 8
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    work = tempfile.mkdtemp(prefix="verlx-peer-")
+    model_dir, data_dir = grpo_step_gpu.prepare_inputs(work, args.shape)
+    verlx_args = grpo_step_gpu.parse_args([
+        "--shape", args.shape, "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n),
+        "--response-length", str(args.response_length), "--ignore-eos", *(["--smoke"] if args.smoke else []),
+        "--extra", "actor_rollout_ref.actor.use_kl_loss=false", f"custom_reward_function.path={REWARD_FILE}"])
+    verlx = grpo_step_gpu.run_once(verlx_args, model_dir, data_dir, work, "verlx", dict(os.environ))
+    decisions = verlx["decisions"]
+    budgets = {k: decisions.get(k) or 16384 for k in ("actor_budget", "log_prob_budget")}
+    if not decisions.get("actor_budget"):
+        print("verlx's token budgets were not found in its log: veRL gets 16384 (the issue's tuned value)")
+    verl = run_verl(args, model_dir, data_dir, work, budgets)
+    if verl["rows"]:
+        grpo_step_gpu.print_rows(verl["rows"], f"veRL ({verl['attempt']}): ")
+    else:
+        for record in verl["tried"]:
+            print(f"\nveRL attempt {record['attempt']}: {record.get('result') or 'rc ' + str(record.get('rc'))}")
+            print("\n".join(record.get("log_tail", [])))
+    table = side_by_side(verlx["rows"], verl["rows"], args.prompts * args.n)
+    print_side_by_side(table)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "peer_verl.json"), "w") as f:
+            json.dump({"args": vars(args), "budgets": budgets, "verlx": verlx["rows"], "verlx_decisions": decisions,
+                       "verl": verl, "side_by_side": table}, f, indent=1)
+    return verlx["rc"] or (0 if verl["rows"] or args.smoke else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
