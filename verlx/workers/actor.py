@@ -122,8 +122,8 @@ class OnPolicyProbe:
         if dist.is_initialized():
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
             dist.all_reduce(sums)
-        total, tokens = sums.tolist()
-        return {"actor/on_policy_log_prob_diff_max": float(peak.item()),
+        peak_value, total, tokens = torch.cat([peak, sums]).tolist()  # one host read per update
+        return {"actor/on_policy_log_prob_diff_max": peak_value,
                 "actor/ppo_kl_first_mini_batch": total / max(tokens, 1.0)}
 
 
