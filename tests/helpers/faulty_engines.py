@@ -11,6 +11,7 @@ import signal
 import time
 
 from verlx.rollout.hf_engine import HFEngine
+from verlx.rollout.native.engine import NativeEngine
 
 
 class _StepEngine(HFEngine):
@@ -56,3 +57,28 @@ class DiskFullEngine(_StepEngine):
 
             dcp.save = disk_full
         return super().generate(prompts)
+
+
+class SlowEngine(_StepEngine):
+    """Every generation takes `delay_s` longer (generation and training overlap visibly in one_step_off)."""
+
+    def generate(self, prompts):
+        time.sleep(float(self._option("delay_s", 1.0)))
+        return super().generate(prompts)
+
+
+class SlowNativeEngine(NativeEngine):
+    """The native engine with each decode round of its request streams slowed by `round_delay_s`: a generation
+    that is still running when the weights change (partial rollout)."""
+
+    def open_stream(self, params):
+        stream, base = super().open_stream(params)
+        delay = float(self.config.engine_kwargs.custom.get("round_delay_s", 0.05))
+        step = stream.step
+
+        def slow_step():
+            time.sleep(delay)
+            return step()
+
+        stream.step = slow_step
+        return stream, base

@@ -156,6 +156,22 @@ def test_agent_loop_gpu_smoke_runs_multi_turn_grpo_on_cpu(tmp_path):
     assert "| 1 | 3 | 2 |" in proc.stdout
 
 
+def test_async_step_smoke_runs_sync_and_one_step_off_on_cpu(tmp_path):
+    """The rollout-mode benchmark's CPU mode: sync on 2 colocated workers, one_step_off on 1 trainer + 1 rollout
+    worker, both to the end, with the one_step_off run's staleness 1 after its first batch."""
+    proc = _run([sys.executable, "benchmarks/async_step_gpu.py", "--smoke"], tmp_path)
+    with open(tmp_path / "async_step.json") as f:
+        result = json.load(f)
+    assert set(result["modes"]) == {"sync", "one_step_off"}
+    for mode in result["modes"].values():
+        assert mode["rc"] == 0 and len(mode["steps"]) == 2
+        assert all(step["response_length/mean"] == 4 for step in mode["steps"])  # ignore_eos: the same tokens
+    assert [s["async/staleness/max"] for s in result["modes"]["one_step_off"]["steps"]] == [0.0, 1.0]
+    assert [s["async/staleness/max"] for s in result["modes"]["sync"]["steps"]] == [0.0, 0.0]
+    assert result["modes"]["one_step_off"]["steps"][1]["timing_s/weight_sync"] >= 0
+    assert "| one_step_off |" in proc.stdout
+
+
 def test_grpo_step_smoke_reports_the_automatic_choices_and_a_profile_of_step_2(tmp_path):
     proc = _run([sys.executable, "benchmarks/grpo_step_gpu.py", "--smoke", "--profile", "actor"], tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "grpo_metrics.jsonl").read_text().splitlines()]

@@ -62,6 +62,7 @@ def agg_loss(
     num_tokens: torch.Tensor | float | None = None,
     num_seqs: torch.Tensor | float | None = None,
     norm_length: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a [B, R] per-token loss to a scalar.
 
@@ -80,7 +81,12 @@ def agg_loss(
     (agg_loss_counts gives one batch's counts.) Then the sum of the returned losses over a rank's micro-batches,
     averaged over ranks as FSDP averages gradients, is exactly the mini-batch loss. If gradients are summed over
     ranks instead, pass the undivided totals. For seq-mean-token-sum-norm every call must use the same norm_length.
+
+    `weights` [B, R] (rollout-correction IS weights, algorithms/rollout_correction.py) multiply each token's loss
+    before the reduction; the counts are not weighted. None leaves the loss untouched.
     """
+    if weights is not None:
+        loss_mat = loss_mat * weights.to(loss_mat.dtype)
     mask = loss_mask.to(loss_mat.dtype)
     if loss_agg_mode == "token-mean":
         total = masked_sum(loss_mat, mask)

@@ -2,7 +2,8 @@
 
 Each loss is fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, **agg_kwargs)
 -> (pg_loss, metrics): tensors are [B, R] over response tokens, config is the ActorConfig, agg_kwargs
-(num_tokens, num_seqs, norm_length) go to agg_loss, and metrics holds detached 0-dim tensors pg_clipfrac,
+(num_tokens, num_seqs, norm_length, and `weights`: the rollout-correction IS weights when enabled) go to agg_loss,
+which multiplies each token's loss by its weight, and metrics holds detached 0-dim tensors pg_clipfrac,
 pg_clipfrac_lower and ppo_kl (the mean of old - new log-prob), so the worker can reduce them without a host sync
 per micro-batch. ratio = pi / pi_old throughout.
 """

@@ -82,6 +82,15 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    rollout_is: str | None = None
+    rollout_is_threshold: float = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: str | float | None = None
+
+
+@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
@@ -91,6 +100,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # trainer.resume_mode: the latest complete checkpoint, none, or trainer.resume_from_path
@@ -132,10 +142,22 @@ class TrainerConfig:
     max_consecutive_nonfinite_updates: int = 3
     progress_bar: bool = True
     compile_cache_dir: str | None = "~/.cache/verlx/compile"
+    rollout_mode: str = "sync"
+    max_staleness: int | None = None
+    staleness_policy: str = "wait"
+    partial_rollout: bool = False
+    rollout_stall_timeout_s: float | None = 3600
+    on_policy_tolerance: float | None = None
 
     @property
     def loggers(self) -> list[str]:
         return [self.logger] if isinstance(self.logger, str) else list(self.logger)
+
+
+@dataclass
+class RolloutResourcesConfig:
+    nnodes: int = 1
+    n_gpus_per_node: int = 0
 
 
 @dataclass

@@ -12,6 +12,7 @@ from verlx.config.run import (
     RayKwargsConfig,
     RewardConfig,
     RewardModelConfig,
+    RolloutResourcesConfig,
     TrainerConfig,
 )
 
@@ -28,6 +29,7 @@ class PPOConfig:
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutResourcesConfig = field(default_factory=RolloutResourcesConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
 
     @property

@@ -66,12 +66,10 @@ class RolloutContext:
 
     @property
     def engine_dtype(self) -> torch.dtype:
-        """rollout.dtype on GPU; float32 on CPU, where bf16 matmuls are slow and would not match the fp32 trainer."""
-        from verlx.utils.dtypes import torch_dtype
+        """rollout.dtype on GPU; float32 on CPU (weight_sync.engine_dtype_on)."""
+        from verlx.rollout.weight_sync import engine_dtype_on
 
-        if self.device.type != "cuda":
-            return torch.float32
-        return torch_dtype(self.config.dtype, "actor_rollout_ref.rollout.dtype")
+        return engine_dtype_on(self.config.dtype, self.device)
 
     @functools.cached_property
     def layout(self):

@@ -42,6 +42,12 @@ def engine_dtype(name: str) -> torch.dtype:
     return torch_dtype(name, "actor_rollout_ref.rollout.dtype")
 
 
+def engine_dtype_on(name: str, device: torch.device) -> torch.dtype:
+    """The dtype an engine on `device` holds its weights in: rollout.dtype on GPU; float32 on CPU, where bf16
+    matmuls are slow and would not match the fp32 trainer."""
+    return engine_dtype(name) if device.type == "cuda" else torch.float32
+
+
 def gather_full(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """Sharded (DTensor) tensors gathered one at a time: a collective, so every rank iterates in the same order."""
     for name, tensor in named_tensors:

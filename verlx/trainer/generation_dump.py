@@ -28,6 +28,7 @@ def generation_records(batch: DataProto, tokenizer, scores: torch.Tensor) -> lis
     data_sources = batch.non_tensor_batch.get("data_source")
     reward_models = batch.non_tensor_batch.get("reward_model")
     statuses = batch.non_tensor_batch.get("reward_status")
+    versions = _policy_versions(batch)
     records = []
     for i, (p, r, s) in enumerate(zip(prompts, responses, scores.tolist())):
         record = {"prompt": p, "response": r, "score": s}
@@ -37,8 +38,26 @@ def generation_records(batch: DataProto, tokenizer, scores: torch.Tensor) -> lis
             record["ground_truth"] = reward_models[i].get("ground_truth")
         if statuses is not None:
             record["reward_status"] = str(statuses[i])  # ok, error or timeout: a failed scoring is not a wrong answer
+        if versions is not None:
+            record.update(versions[i])
         records.append(record)
     return records
+
+
+def _policy_versions(batch: DataProto) -> list[dict] | None:
+    """Per sample: the policy versions that generated it (first and last token; per token after a partial
+    rollout), see trainer/rollout_modes/staleness.py."""
+    from verlx.trainer.rollout_modes.staleness import TOKEN_VERSIONS, VERSION, VERSION_LAST
+
+    if VERSION not in batch.batch:
+        return None
+    first, last = batch.batch[VERSION].tolist(), batch.batch[VERSION_LAST].tolist()
+    out = [{VERSION: f, VERSION_LAST: la} for f, la in zip(first, last)]
+    if TOKEN_VERSIONS in batch.batch:
+        mask = batch.batch["response_mask"].bool()
+        for record, row, m in zip(out, batch.batch[TOKEN_VERSIONS], mask):
+            record[TOKEN_VERSIONS] = row[m].tolist()
+    return out
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:

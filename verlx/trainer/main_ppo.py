@@ -109,7 +109,16 @@ def _train_with_restarts(trainer, config: PPOConfig) -> dict[str, float]:
         trainer.shutdown()
 
 
-main = hydra_command("ppo_trainer", PPOConfig, run_ppo, failures=(WorkerGroupError, RewardFailure, NothingToDo))
+def _run_failures() -> tuple[type[BaseException], ...]:
+    """Failures reported as one message (exit 1) instead of a traceback."""
+    from verlx.trainer.invariants import InvariantError
+    from verlx.trainer.rollout_modes.pipeline import RolloutStalled
+    from verlx.trainer.rollout_modes.staleness import StalenessError
+
+    return WorkerGroupError, RewardFailure, NothingToDo, InvariantError, RolloutStalled, StalenessError
+
+
+main = hydra_command("ppo_trainer", PPOConfig, run_ppo, failures=_run_failures())
 
 if __name__ == "__main__":
     main()

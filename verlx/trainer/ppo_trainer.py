@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -14,6 +15,7 @@ from verlx.algorithms.advantages import compute_advantage, estimator_needs_greed
 from verlx.algorithms.core import agg_loss, masked_mean
 from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
+from verlx.algorithms.rollout_correction import rollout_correction
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 from verlx.rollout.agent.metrics import agent_input_keys, multi_turn_metrics
@@ -25,6 +27,7 @@ from verlx.single_controller.ray import (
 )
 from verlx.trainer import checkpointing
 from verlx.trainer.generation_dump import dump_generations
+from verlx.trainer.invariants import check_on_policy, on_policy_tolerance
 from verlx.trainer.metrics import compute_data_metrics
 from verlx.trainer.perf_metrics import (
     compute_throughput_metrics,
@@ -33,6 +36,7 @@ from verlx.trainer.perf_metrics import (
     token_counts,
 )
 from verlx.trainer.resume import ResumePoint, plan_resume
+from verlx.trainer.rollout_modes.staleness import staleness_metrics, stamp
 from verlx.trainer.validation import Validator
 from verlx.utils.paths import expand_path
 from verlx.utils.seqlen_balancing import balance_batch
@@ -68,6 +72,8 @@ class RayPPOTrainer:
         config.trainer.total_training_steps = self.total_steps
         self.resume_point: ResumePoint | None = None
         self.resume_planned = False
+        self.policy_version = 0  # training steps whose update is done: the weights' version (docs/async.md)
+        self.rollout_group = self.pipeline = None
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -87,9 +93,9 @@ class RayPPOTrainer:
         engine_class(self.config.actor_rollout_ref.actor.strategy)  # a missing backend fails here, not in Ray
         if self.use_critic:
             engine_class(self.config.critic.strategy, "critic.strategy")
-        roles = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=self.config,
-                                                           role="actor_rollout_ref" if self.use_reference
-                                                           else "actor_rollout")}
+        colocated = self.config.actor_rollout_ref.hybrid_engine
+        role = "_".join(["actor", *(["rollout"] if colocated else []), *(["ref"] if self.use_reference else [])])
+        roles = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=self.config, role=role)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=self.config)
         self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
@@ -102,8 +108,18 @@ class RayPPOTrainer:
         if self.critic_wg is not None:
             log_worker_settings("critic", self.critic_wg.init_model())
         log_worker_settings("actor", self.actor_rollout_wg.init_model())
+        self.generator = self.actor_rollout_wg  # what generates: the colocated engines, or a rollout group
+        if not colocated:
+            from verlx.trainer.rollout_modes.rollout_group import RolloutGroup
+
+            self.rollout_group = RolloutGroup(self.config, self.use_gpu, self.actor_rollout_wg,
+                                              lambda: self.policy_version)
+            self.generator = self.rollout_group
 
     def shutdown(self) -> None:
+        if self.rollout_group is not None:
+            self.rollout_group.shutdown()
+            self.rollout_group = None
         if hasattr(self, "worker_group"):
             self.worker_group.shutdown()
             self.resource_pool.release()
@@ -113,7 +129,7 @@ class RayPPOTrainer:
         """After a worker died: new workers, resume from the latest complete checkpoint (or from the start)."""
         self.shutdown()
         self.config.trainer.resume_mode = "auto"
-        self.global_step = 0
+        self.global_step = self.policy_version = 0
         self.train_loader.load_state_dict(self.initial_loader_state)
         if self.kl_ctrl is not None:
             self.kl_ctrl = make_kl_controller(self.config.algorithm.kl_ctrl)
@@ -128,7 +144,7 @@ class RayPPOTrainer:
         self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"))
         if self.use_critic:
             self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"))
-        state = {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(),
+        state = {"global_step": self.global_step, "dataloader": self._consumed_loader_state(),
                  "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
         checkpointing.write_driver_state(tmp, state, dataclasses.asdict(self.config))
         final = checkpointing.finalize(tmp, root, self.global_step, self.use_critic)
@@ -152,7 +168,7 @@ class RayPPOTrainer:
         kl_settings_changed = any(k.startswith("algorithm.kl_ctrl.") for k in point.changed_keys)
         if self.kl_ctrl is not None and point.state.get("kl_coef") is not None and not kl_settings_changed:
             self.kl_ctrl.value = point.state["kl_coef"]
-        self.global_step = point.state["global_step"]
+        self.global_step = self.policy_version = point.state["global_step"]
         logger.info("resumed from %s at step %d", point.path, self.global_step)
 
     # ------------------------------------------------------------------ the loop
@@ -160,7 +176,7 @@ class RayPPOTrainer:
         t = self.config.trainer
         tracker = Tracking(t.loggers, t.project_name, t.experiment_name, dataclasses.asdict(self.config),
                            expand_path(t.output_dir))
-        validator = Validator(self.config, self.actor_rollout_wg, self.val_reward_fn, self.tokenizer)
+        validator = Validator(self.config, self.generator, self.val_reward_fn, self.tokenizer)
         self.load_checkpoint()
         last_metrics: dict[str, float] = {}
         try:
@@ -172,14 +188,19 @@ class RayPPOTrainer:
                     return last_metrics
             progress = _progress_bar(self.total_steps, self.global_step, t.progress_bar)
             batches = self._endless_batches()
+            self.pipeline = self._start_pipeline(batches)
             while self.global_step < self.total_steps:
-                batch = next(batches)
-                self.global_step += 1
-                metrics = self.train_step(batch, batches)
+                if self.pipeline is None:
+                    batch = next(batches)
+                    self.global_step += 1
+                    metrics = self.train_step(batch, batches)
+                else:
+                    self.global_step += 1
+                    metrics = self.train_step(None, generated=self.pipeline.next())
                 last_step = self.global_step >= self.total_steps
                 if self.val_loader is not None and t.test_freq > 0 and (
                         self.global_step % t.test_freq == 0 or last_step):
-                    with timed("testing", timing := {}):
+                    with timed("testing", timing := {}), self._rollout_paused():
                         metrics.update(validator.run(self.val_loader))
                     metrics.update(compute_timing_metrics(timing, {"response": 0, "all": 0, "prompt": 0}))
                 if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last_step):
@@ -187,7 +208,7 @@ class RayPPOTrainer:
                         self.save_checkpoint()
                     metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
                 metrics["training/global_step"] = self.global_step
-                metrics["training/epoch"] = self.train_loader.epoch
+                metrics["training/epoch"] = self._consumed_loader_state()["sampler"]["epoch"]
                 tracker.log(metrics, step=self.global_step)
                 last_metrics = metrics
                 if progress is not None:
@@ -196,19 +217,45 @@ class RayPPOTrainer:
             tracker.finish()
         return last_metrics
 
+    def _start_pipeline(self, batches):
+        """one_step_off / async: the generation pipeline on the rollout group, and trainer views that advance it
+        after each phase (trainer/rollout_modes/pipeline.py); None in sync mode."""
+        if self.config.trainer.rollout_mode == "sync":
+            return None
+        from verlx.trainer.rollout_modes.pipeline import PumpingGroup, RolloutPipeline
+
+        pipeline = RolloutPipeline(self.config, self.rollout_group, batches, self.train_loader, self._expand,
+                                   self._gen_inputs, lambda: self.policy_version, self.global_step + 1,
+                                   self.total_steps)
+        self.actor_rollout_wg = PumpingGroup(self.actor_rollout_wg, pipeline.pump)
+        if self.critic_wg is not None:
+            self.critic_wg = PumpingGroup(self.critic_wg, pipeline.pump)
+        return pipeline
+
+    def _rollout_paused(self):
+        return self.pipeline.paused() if self.pipeline is not None else contextlib.nullcontext()
+
+    def _consumed_loader_state(self) -> dict:
+        """The data position after the last batch training consumed (the pipeline reads ahead of it)."""
+        return self.pipeline.consumed_loader_state if self.pipeline is not None else self.train_loader.state_dict()
+
     def _endless_batches(self):
         """Batches across epochs; the loader's state after each batch is what a checkpoint saves."""
         while True:
             yield from self.train_loader
 
-    def train_step(self, batch: DataProto, more_batches=None) -> dict[str, float]:
-        """One step. With DAPO dynamic sampling, `more_batches` supplies prompts until the batch is full."""
+    def train_step(self, batch: DataProto | None, more_batches=None, generated=None) -> dict[str, float]:
+        """One step. With DAPO dynamic sampling, `more_batches` supplies prompts until the batch is full. In
+        one_step_off / async mode the batch comes `generated` by the pipeline (rollout_modes/pipeline.Generated)."""
         cfg = self.config
         arr = cfg.actor_rollout_ref
         metrics: dict[str, float] = {}
         timing: dict[str, float] = {}
         with timed("step", timing):
-            batch = self._rollout_and_score(batch, metrics, timing)
+            if generated is None:
+                batch = self._rollout_and_score(batch, metrics, timing)
+            else:
+                batch = self._score_generated(generated, metrics, timing)
             if cfg.algorithm.filter_groups.enable:
                 batch = self._fill_with_informative_groups(batch, more_batches, metrics, timing)
             if cfg.trainer.balance_batch:
@@ -219,8 +266,14 @@ class RayPPOTrainer:
                 entropy = agg_loss(old.batch["entropys"], batch.batch["response_mask"], arr.actor.loss_agg_mode)
                 metrics["actor/entropy"] = float(entropy)
                 batch.batch["old_log_probs"] = old.batch["old_log_probs"]
+            correction = None
             if "rollout_log_probs" in batch.batch:
                 metrics.update(_logprob_diff(batch))
+                correction = rollout_correction(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                                                batch.batch["response_mask"], cfg.algorithm.rollout_correction)
+                metrics.update(correction.metrics)
+            metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
+                                             generated.dropped if generated is not None else 0))
             if self.use_reference:
                 with timed("ref", timing):
                     ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
@@ -246,13 +299,19 @@ class RayPPOTrainer:
                     metrics.update(out.meta_info["metrics"])
             if self.global_step > cfg.trainer.critic_warmup:
                 with timed("update_actor", timing):
-                    keys = [*LOG_PROB_INPUTS, "old_log_probs", "advantages"]
-                    if arr.actor.use_kl_loss:
-                        keys.append("ref_log_prob")
-                    out = self.actor_rollout_wg.update_actor(batch.select(keys, [], []))
+                    out = self.actor_rollout_wg.update_actor(self._actor_inputs(batch, correction))
                     metrics.update(out.meta_info["metrics"])
+                    if self.pipeline is not None:  # when the trainer worker ran it: overlap with generation shows
+                        start, end = out.meta_info["wall_clock"]
+                        metrics.update({"timestamp/update_actor_start": start, "timestamp/update_actor_end": end})
+                check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
+            self.policy_version = self.global_step
+            if self.pipeline is not None:
+                self.pipeline.pump()  # the new weights can go to the rollout group now
             if cfg.trainer.rollout_data_dir:
                 dump_generations(cfg.trainer.rollout_data_dir, self.global_step, batch, self.tokenizer)
+        if self.rollout_group is not None:
+            timing["weight_sync"] = self.rollout_group.take_sync_seconds()
         counts = token_counts(batch)
         metrics.update(compute_data_metrics(batch, self.use_critic))
         metrics.update(compute_timing_metrics(timing, counts))
@@ -260,13 +319,18 @@ class RayPPOTrainer:
         metrics.update(step_memory_peak(metrics))
         return metrics
 
+    def _expand(self, batch: DataProto) -> DataProto:
+        """uid per prompt, n samples each (interleaved)."""
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        return batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+
     def _rollout_and_score(self, batch: DataProto, metrics: dict, timing: dict) -> DataProto:
         """uid per prompt, n samples each (interleaved), generation and reward scores."""
         cfg = self.config
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        batch = batch.repeat(cfg.actor_rollout_ref.rollout.n, interleave=True)
+        batch = self._expand(batch)
         with timed("gen", timing):
             gen_out = self._generate(self._gen_inputs(batch), do_sample=True)
+        stamp(gen_out, self.policy_version)
         metrics.update(gen_out.meta_info.pop("timing", {}))
         for key, value in gen_out.meta_info.pop("metrics", {}).items():  # DAPO may generate more than once
             metrics[key] = max(value, metrics.get(key, value))
@@ -275,6 +339,19 @@ class RayPPOTrainer:
                 batch.batch["reward_baselines"] = self._greedy_baseline(batch)
         batch.pop(batch_keys=list(GEN_INPUTS))
         batch.union(gen_out)
+        return self._score(batch, metrics, timing)
+
+    def _score_generated(self, generated, metrics: dict, timing: dict) -> DataProto:
+        """A batch the pipeline generated: its generation's metrics, then reward scores."""
+        for key, value in generated.metrics.items():
+            if key.startswith("timing_s/"):
+                timing[key.removeprefix("timing_s/")] = value
+            else:
+                metrics[key] = value
+        return self._score(generated.batch, metrics, timing)
+
+    def _score(self, batch: DataProto, metrics: dict, timing: dict) -> DataProto:
+        """Reward scores of a generated batch (and the agent loops' metrics)."""
         metrics.update(multi_turn_metrics(batch))
         with timed("reward", timing):
             result = self.reward_fn(batch)
@@ -308,6 +385,22 @@ class RayPPOTrainer:
         metrics["batch/num_gen_batches"] = float(rounds)
         return kept[:wanted]
 
+    def _actor_inputs(self, batch: DataProto, correction) -> DataProto:
+        """What update_actor reads; rollout correction adds IS weights and drops rejected tokens from its mask."""
+        keys = [*LOG_PROB_INPUTS, "old_log_probs", "advantages"]
+        if self.config.actor_rollout_ref.actor.use_kl_loss:
+            keys.append("ref_log_prob")
+        inputs = batch.select(keys, [], [])
+        if correction is not None and correction.weights is not None:
+            inputs.batch["rollout_is_weights"] = correction.weights.to(torch.float32)
+        if correction is not None and correction.mask is not None:
+            inputs.batch["response_mask"] = inputs.batch["response_mask"] * correction.mask.to(
+                inputs.batch["response_mask"].dtype)
+        return inputs
+
+    def _staleness_bound(self) -> int:
+        return self.pipeline.staleness_bound() if self.pipeline is not None else 0
+
     def _gen_inputs(self, batch: DataProto) -> DataProto:
         """The prompt tensors, plus the columns the agent loop reads when multi_turn is on."""
         enabled = self.config.actor_rollout_ref.rollout.multi_turn.enable
@@ -316,7 +409,7 @@ class RayPPOTrainer:
     def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:
         gen_batch.meta_info.update({"do_sample": do_sample, "global_step": self.global_step,
                                     "seed": self.config.actor_rollout_ref.rollout.seed + self.global_step})
-        return self.actor_rollout_wg.generate_sequences(gen_batch)
+        return self.generator.generate_sequences(gen_batch)
 
     def _greedy_baseline(self, batch: DataProto) -> torch.Tensor:
         """REMAX: the reward of one greedy response per prompt, the baseline of that prompt's sampled responses."""

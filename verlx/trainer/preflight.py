@@ -205,8 +205,6 @@ def check_unsupported(cfg: PPOConfig, f: Findings) -> None:
               "reward_model.enable=true: model-based reward models are not supported yet; use rule rewards "
               "(custom_reward_function.path) instead")
     f.require(t.default_hdfs_dir is None, "trainer.default_hdfs_dir: HDFS upload is not supported; set it to null")
-    f.require(cfg.actor_rollout_ref.hybrid_engine,
-              "actor_rollout_ref.hybrid_engine=false: only the colocated (hybrid) layout is supported")
     for key, ckpt in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.checkpoint),
                       ("critic", cfg.critic.checkpoint)):
         f.require(not ckpt.async_save, f"{key}.checkpoint.async_save=true is not supported yet; set it to false")
@@ -357,8 +355,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         f.problems += megatron_problems(cfg, world_size or world_size_of(cfg))
     if not f.problems:
         from verlx.rollout.agent.config_checks import multi_turn_problems
+        from verlx.trainer.rollout_modes.config_checks import rollout_mode_problems
 
         f.problems += multi_turn_problems(cfg)
+        f.problems += rollout_mode_problems(cfg)
     if not f.problems:
         check_algorithm(cfg, f)
         check_batch_arithmetic(cfg, f, world_size or world_size_of(cfg))

@@ -31,5 +31,7 @@ def start_ray(config, use_gpu: bool) -> None:
         kwargs["address"] = init.address
     else:
         workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        if not config.actor_rollout_ref.hybrid_engine:  # the rollout worker group of its own
+            workers += config.rollout.n_gpus_per_node * config.rollout.nnodes
         kwargs["num_cpus"] = init.num_cpus or max(os.cpu_count() or 1, workers + 1)
     ray.init(**kwargs)

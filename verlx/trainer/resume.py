@@ -34,12 +34,14 @@ _OPTIMIZER = "the saved optimizer state is this optimizer's"
 _START = "the run started from this model, and its reference model is loaded from it again"
 _ADAPTERS = "the saved LoRA weights have this shape and scaling"
 _MODEL = "the saved weights belong to this model definition"
+_ROLLOUT_MODE = ("samples generated ahead of the trainer are not saved: a resumed run regenerates them from the saved "
+                 "data position, whatever the mode, placement and bounds (docs/async.md)")
 
 # Dotted key or section → (policy, why). The longest entry that is a prefix of a key decides.
 RESUME_RULES: dict[str, tuple[str, str]] = {
     **{section: (TAKES_EFFECT, "") for section in (
         "data", "actor_rollout_ref", "critic", "reward_model", "reward", "custom_reward_function", "algorithm",
-        "trainer", "ray_kwargs")},
+        "trainer", "ray_kwargs", "rollout")},
     **{key: (MUST_MATCH, _DATA_ORDER) for key in (
         "data.train_files", "data.train_max_samples", "data.prompt_key", "data.shuffle", "data.seed",
         "data.filter_overlong_prompts", "data.skip_bad_rows", "trainer.seed")},
@@ -59,6 +61,9 @@ RESUME_RULES: dict[str, tuple[str, str]] = {
     "critic.model.override_config": (MUST_MATCH, _MODEL),
     **{f"{role}.{key}": (MUST_MATCH, _ADAPTERS) for role in ("actor_rollout_ref.model", "critic.model")
        for key in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules")},
+    **{key: (TAKES_EFFECT, _ROLLOUT_MODE) for key in (
+        "trainer.rollout_mode", "trainer.max_staleness", "trainer.staleness_policy", "trainer.partial_rollout",
+        "actor_rollout_ref.hybrid_engine", "rollout", "algorithm.rollout_correction")},
     # how this run was started, not what it trains
     "trainer.resume_mode": (NOT_COMPARED, ""),
     "trainer.resume_from_path": (NOT_COMPARED, ""),

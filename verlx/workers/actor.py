@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from verlx.algorithms.core import agg_loss
 from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
@@ -61,24 +62,69 @@ class PPOActor:
 
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto, mini_batch_size: int, micro_batch_size: int | None) -> dict[str, float]:
-        """PPO epochs over mini-batches of `mini_batch_size` samples (this rank's share); one step per mini-batch."""
+        """PPO epochs over mini-batches of `mini_batch_size` samples (this rank's share); one step per mini-batch.
+
+        With `rollout_is_weights` in `data` (rollout correction) each token's policy-gradient loss is weighted.
+        The first mini-batch of the first epoch is probed (OnPolicyProbe): it runs with the weights old_log_probs
+        were computed with, so its log-probs must reproduce them."""
         cfg = self.config
         keys = [*MODEL_INPUTS, "responses", "response_mask", "old_log_probs", "advantages"]
         if cfg.use_kl_loss:
             keys.append("ref_log_prob")
+        if "rollout_is_weights" in data.batch:
+            keys.append("rollout_is_weights")
         head = self._head(data.meta_info.get("temperature", 1.0), cfg.entropy_coeff != 0,
                           full_kl=cfg.use_kl_loss and kl_needs_full_distribution(cfg.kl_loss_type))
         data = data.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=[])
         metrics = MetricAccumulator(self.engine.device)
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
+        probe = OnPolicyProbe(self.engine.device)
 
         def micro_loss(mb: DataProto, out: dict, counts: dict) -> torch.Tensor:
+            probe.observe(mb, out["log_prob"])
             return compose_policy_loss(cfg, loss_fn, mb, out["log_prob"], out["entropy"], counts, metrics,
                                        out.get("full_kl"))
 
         mini_batches = ppo_mini_batches(data, cfg, mini_batch_size, micro_batch_size, self.engine.device,
                                         key="actor_rollout_ref.actor")
-        return self.engine.update(mini_batches, head, micro_loss, metrics)
+        result = self.engine.update(probe.first_only(mini_batches), head, micro_loss, metrics)
+        result.update(probe.reduce())
+        return result
+
+
+class OnPolicyProbe:
+    """Log-probs of the update's first mini-batch (first PPO epoch) against old_log_probs, before any optimizer
+    step: the same weights, so with the same kernels and no train-mode randomness (dropout) they are equal.
+    `reduce` (collective: every rank of the world calls it) returns actor/on_policy_log_prob_diff_max (max |Δ| over
+    the mini-batch's response tokens, all ranks) and actor/ppo_kl_first_mini_batch (mean of old − new there)."""
+
+    def __init__(self, device: torch.device):
+        self.active = True
+        self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # max |diff|, sum(old - new), tokens
+
+    def first_only(self, mini_batches):
+        for mini in mini_batches:
+            yield mini
+            self.active = False
+
+    def observe(self, mb: DataProto, log_prob: torch.Tensor) -> None:
+        if not self.active:
+            return
+        mask = mb.batch["response_mask"].to(log_prob.device).bool()
+        diff = mb.batch["old_log_probs"].to(log_prob.device).double() - log_prob.detach().double()
+        diff = torch.where(mask, diff, torch.zeros_like(diff))
+        self.stats[0] = torch.maximum(self.stats[0], diff.abs().max() if diff.numel() else self.stats[0])
+        self.stats[1] += diff.sum()
+        self.stats[2] += mask.sum()
+
+    def reduce(self) -> dict[str, float]:
+        peak, sums = self.stats[:1].clone(), self.stats[1:].clone()
+        if dist.is_initialized():
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+            dist.all_reduce(sums)
+        peak_value, total, tokens = torch.cat([peak, sums]).tolist()  # one host read per update
+        return {"actor/on_policy_log_prob_diff_max": peak_value,
+                "actor/ppo_kl_first_mini_batch": total / max(tokens, 1.0)}
 
 
 def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, entropy: torch.Tensor | None,
@@ -92,7 +138,9 @@ def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, ent
     agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
     old = mb.batch["old_log_probs"].to(device)
     adv = mb.batch["advantages"].to(device)
-    pg_loss, pg_metrics = loss_fn(old, log_prob, adv, mask, cfg.loss_agg_mode, cfg, **agg)
+    weights = mb.batch.get("rollout_is_weights")
+    pg_agg = agg if weights is None else dict(agg, weights=weights.to(device))
+    pg_loss, pg_metrics = loss_fn(old, log_prob, adv, mask, cfg.loss_agg_mode, cfg, **pg_agg)
     loss = pg_loss
     if cfg.entropy_coeff != 0:
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)

@@ -13,6 +13,7 @@ from verlx.config.schema import PPOConfig
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
 from verlx.rollout.base import RolloutContext, get_engine_class
+from verlx.rollout.weight_sync import engine_dtype_on
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
 from verlx.utils.compile_cache import compile_cache_note
@@ -48,6 +49,11 @@ class ActorRolloutRefWorker(Worker):
         self.lora = False
         self.engine_weights_stale = True
         self.engine_asleep_gb: float | None = None
+        # a rollout-only worker of hybrid_engine=false gets its weights from the trainer (workers/weight_transfer.py)
+        self.transfer_fed = not self.is_actor and not getattr(config.actor_rollout_ref, "hybrid_engine", True)
+        self.transfer_store = self.transfer_group = None
+        self.weights_version: int | None = None
+        self.interrupted_upto = -1  # partial rollout: generations with an id up to this one stop
         self.engine_resident_bytes = 0  # what the engine keeps on the GPU while training runs (measured at init)
 
     # ------------------------------------------------------------------ set-up
@@ -135,7 +141,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _init_engine(self, model_path: str) -> None:
         rollout = self.config.actor_rollout_ref.rollout
-        if not self.is_actor and rollout.load_format.startswith("dummy"):
+        if not self.is_actor and not self.transfer_fed and rollout.load_format.startswith("dummy"):
             raise ValueError(
                 f"role {self.role} has no actor to push weights into its rollout engine, so "
                 f"actor_rollout_ref.rollout.load_format={rollout.load_format} would generate from random weights; "
@@ -164,7 +170,9 @@ class ActorRolloutRefWorker(Worker):
         self.engine_ctx = ctx
         # Without an actor nothing pushes weights: the engine's own, loaded from model_path, are the ones to use.
         self.engine_weights_stale = self.is_actor
-        self.engine_asleep = bool(rollout.free_cache_engine)
+        # a rollout group of its own shares its devices with nothing: its engine stays awake between calls
+        self.engine_sleeps = bool(rollout.free_cache_engine) and not self.transfer_fed
+        self.engine_asleep = self.engine_sleeps
         if self.engine_asleep:
             self.engine.sleep()
         if used_before is not None:  # nothing else is on the device yet: the difference is the engine's
@@ -185,13 +193,16 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         if self.engine is None:
             raise RuntimeError(f"role {self.role} has no rollout engine")
+        if self.transfer_fed and self.weights_version is None:
+            raise RuntimeError("this rollout worker has received no weights from the trainer yet (receive_weights); "
+                               "it would generate from the engine's initial weights")
         timing = {}
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         timer = PhaseTimer(self.device, "gen", self.rank)
         with timer.measure():
             if self.engine_asleep:
                 self.engine.wake_up(("weights",))
-            if self.engine_weights_stale:
+            if self.engine_weights_stale and not self.transfer_fed:
                 if not self.is_actor:
                     raise RuntimeError("the rollout engine needs weights from an actor in the same worker")
                 with self._on_device(actor=True):
@@ -202,24 +213,90 @@ class ActorRolloutRefWorker(Worker):
                 self.engine.wake_up(("kv_cache",))
             gen_start = time.perf_counter()
             try:
-                if self.config.actor_rollout_ref.rollout.multi_turn.enable:
-                    out = self._agent_runner().generate(self.engine, prompts)
-                else:
-                    out = self.engine.generate(prompts)
+                out = self._generate(prompts)
             except Exception as e:
                 e.add_note(f"while the {self.engine_name} rollout engine of rank {self.rank} was generating (step "
                            f"{prompts.meta_info.get('global_step', '?')}); checkpoints on disk are not touched by a "
                            "failed step")
                 raise
             timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
-            if self.config.actor_rollout_ref.rollout.free_cache_engine:
+            if self.engine_sleeps:
                 self.engine.sleep()
                 self.engine_asleep = True
         timing["timing_s/rollout_worker"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
         # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
         out.meta_info["metrics"] = {**phase_metrics("gen", self.hf_config, [], timer), **self._asleep_memory()}
+        out.meta_info["wall_clock"] = (wall_start, time.time())  # the asynchronous modes log when it ran
         return out
+
+    def _generate(self, prompts: DataProto) -> DataProto:
+        if self.config.actor_rollout_ref.rollout.multi_turn.enable:
+            return self._agent_runner().generate(self.engine, prompts)
+        if "generation_id" in prompts.meta_info:  # partial rollout: stoppable by interrupt_generation
+            from verlx.rollout.interruptible import check_supports_partial, generate_interruptible
+
+            check_supports_partial(self.engine, self.engine_name)
+            generation_id = prompts.meta_info["generation_id"]
+            return generate_interruptible(self.engine, prompts, lambda: self.interrupted_upto >= generation_id,
+                                          self.engine_ctx.eos_token_ids, self.engine_ctx.pad_token_id)
+        return self.engine.generate(prompts)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def interrupt_generation(self, generation_id: int) -> None:
+        """Partial rollout: the generation `generation_id` (and any before it) returns at its next decode round with
+        the tokens it has. Runs beside generate_sequences (the rollout group's actors take two calls at once)."""
+        self.interrupted_upto = max(self.interrupted_upto, int(generation_id))
+
+    # ------------------------------------------------------------------ weights to a rollout group of its own
+    @register(Dispatch.ONE_TO_ALL)
+    def weight_transfer_address(self) -> tuple[str, int] | None:
+        """Trainer side: rank 0 hosts the transfer group's rendezvous; its (address, port), None on other ranks."""
+        if self.rank != 0:
+            return None
+        from verlx.workers.weight_transfer import open_store
+
+        self.transfer_store = open_store(self.config.actor_rollout_ref.nccl_timeout)
+        return self.master_addr or "127.0.0.1", self.transfer_store.port
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_transfer(self, host: str, port: int, world: int) -> None:
+        """Trainer rank 0 joins as group rank 0, rollout rank r as 1 + r; other trainer ranks stay out."""
+        from verlx.workers.weight_transfer import join_group
+
+        if self.is_actor and self.rank != 0:
+            return
+        group_rank = 0 if self.is_actor else 1 + self.rank
+        self.transfer_group = join_group(self.transfer_store, host, port, group_rank, world, self.device,
+                                         self.config.actor_rollout_ref.nccl_timeout)
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def send_weights(self, version: int) -> dict:
+        """Trainer side: every rank gathers the full weights (collective); rank 0 broadcasts them in buckets."""
+        from verlx.workers.weight_transfer import send
+
+        start, wall_start = time.perf_counter(), time.time()
+        rollout = self.config.actor_rollout_ref.rollout
+        with self._on_device(actor=True):
+            weights = self.actor.engine.rollout_weights(engine_dtype_on(rollout.dtype, self.device))
+            if self.transfer_group is None:
+                for _ in weights:  # the gather is collective: every trainer rank takes part
+                    pass
+                stats = {}
+            else:
+                stats = send(self.transfer_group, weights, version,
+                             rollout.update_weights_bucket_megabytes * 2**20, self.device)
+        return {**stats, "seconds": time.perf_counter() - start, "start": wall_start, "end": time.time()}
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def receive_weights(self, version: int) -> dict:
+        """Rollout side: one engine.update_weights call with every tensor of `version` as it arrives."""
+        from verlx.workers.weight_transfer import receive
+
+        start = time.perf_counter()
+        self.engine.update_weights(receive(self.transfer_group, version, self.device))
+        self.weights_version = int(version)
+        return {"seconds": time.perf_counter() - start}
 
     def _agent_runner(self):
         """Multi-turn rollouts: the agent-loop runner (tools loaded once per worker); docs/multi_turn.md."""
@@ -287,7 +364,7 @@ class ActorRolloutRefWorker(Worker):
         actor_cfg = arr.actor
         sizes = ppo_batch_sizes(actor_cfg, arr.rollout.n, self.dp_size)
         data.meta_info.setdefault("temperature", arr.rollout.temperature)
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         full_kl = actor_cfg.use_kl_loss and kl_needs_full_distribution(actor_cfg.kl_loss_type)
         timer = PhaseTimer(self.device, "actor", self.rank)
         with self._on_device(actor=True, ref=full_kl, optimizer=True, overlap=True), timer.measure():
@@ -299,7 +376,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor.engine.step_lr()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
         self.engine_weights_stale = True
-        return DataProto(meta_info={"metrics": metrics})
+        return DataProto(meta_info={"metrics": metrics, "wall_clock": (wall_start, time.time())})
 
     # ------------------------------------------------------------------ checkpoints
     @register(Dispatch.ONE_TO_ALL)

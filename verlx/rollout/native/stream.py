@@ -88,6 +88,24 @@ class RequestStream(Scheduler):
             self._compact()
         return self._round()
 
+    def cancel_unfinished(self) -> list[tuple[str, list[int], list[float]]]:
+        """Stop every request that has not finished (partial rollout: the weights are about to change): (key,
+        tokens generated so far, their log-probs) of each, none for those still waiting; their slots are freed."""
+        running = [s for s, r in enumerate(self.slot_row) if r >= 0]
+        out = []
+        if running:
+            slot_t = torch.tensor(running, device=self.device)
+            tokens = self.state.out_tokens.index_select(0, slot_t).cpu().tolist()
+            logprobs = self.state.out_logprobs.index_select(0, slot_t).cpu().tolist()
+            for j, s in enumerate(running):
+                n = self.slot_gen[s]
+                out.append((self.requests.pop(self.slot_row[s]).key, tokens[j][:n], logprobs[j][:n]))
+                self.slot_row[s] = -1
+            self.state.release(slot_t)
+        out += [(self.requests.pop(row).key, [], []) for row in self.waiting]
+        self.waiting.clear()
+        return out
+
     # ------------------------------------------------------------------ parked slots (KV reuse across turns)
     def _free_slots(self) -> list[int]:
         parked = {slot for slot, _ in self.parked.values()}

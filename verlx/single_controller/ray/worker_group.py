@@ -26,9 +26,15 @@ class RayClassWithInitArgs:
     def __init__(self, cls: type, *args, **kwargs):
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.env_vars: dict[str, str] = {}
+        self.max_concurrency = 1
 
     def with_env(self, **env_vars: str) -> RayClassWithInitArgs:
         self.env_vars.update({k: str(v) for k, v in env_vars.items()})
+        return self
+
+    def with_concurrency(self, calls: int) -> RayClassWithInitArgs:
+        """Let each actor run up to `calls` method calls at once (threads), e.g. an interrupt beside a generation."""
+        self.max_concurrency = int(calls)
         return self
 
 
@@ -45,6 +51,16 @@ class GroupFuture:
 
     def __init__(self, group: RayWorkerGroup, method: str, plan: DispatchPlan, refs: list, collect: Callable):
         self.group, self.method, self.plan, self.refs, self._collect = group, method, plan, refs, collect
+
+    def done(self) -> bool:
+        """Whether every rank has returned (without waiting)."""
+        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for every rank; whether all have returned."""
+        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=timeout_s)
+        return len(ready) == len(self.refs)
 
     def get(self, timeout_s: float | None = None) -> Any:
         timeout_s = self.group.timeout_for(self.method) if timeout_s is None else timeout_s
@@ -71,6 +87,7 @@ class RayWorkerGroup:
         self.name = name
         self.default_timeout_s = default_timeout_s
         self.timeouts: dict[str, float] = {}
+        self._submitters: dict[str, tuple[str, MethodSpec]] = {}
         if _existing is not None:  # a per-role view sharing the actors of a colocated group
             self._workers, self._identities = _existing._workers, _existing._identities
             self._dispatch_cache = _existing._dispatch_cache
@@ -112,6 +129,7 @@ class RayWorkerGroup:
                 ),
                 runtime_env={"env_vars": env},
                 max_restarts=0,
+                **({"max_concurrency": rcls.max_concurrency} if rcls.max_concurrency > 1 else {}),
                 **pool.actor_resources(),
             ).remote(*rcls.args, **rcls.kwargs)
             if rank == 0:
@@ -120,16 +138,24 @@ class RayWorkerGroup:
         return workers
 
     def _make_group_method(self, remote_name: str, public_name: str, spec: MethodSpec):
-        mode = DISPATCH_MODES.get(spec.dispatch_mode)
-
         def group_method(*args, **kwargs):
-            plan = mode.dispatch(self, public_name, spec.mesh, args, kwargs)
-            refs = [getattr(self._workers[rank], remote_name).remote(*a, **kw) for rank, a, kw in plan.calls]
-            future = GroupFuture(self, public_name, plan, refs, lambda outs: mode.collect(self, plan, outs))
+            future = self._submit(remote_name, public_name, spec, args, kwargs)
             return future.get() if spec.blocking else future
 
         group_method.__name__ = public_name
+        self._submitters[public_name] = (remote_name, spec)
         return group_method
+
+    def _submit(self, remote_name: str, public_name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> GroupFuture:
+        mode = DISPATCH_MODES.get(spec.dispatch_mode)
+        plan = mode.dispatch(self, public_name, spec.mesh, args, kwargs)
+        refs = [getattr(self._workers[rank], remote_name).remote(*a, **kw) for rank, a, kw in plan.calls]
+        return GroupFuture(self, public_name, plan, refs, lambda outs: mode.collect(self, plan, outs))
+
+    def submit(self, method: str, *args, **kwargs) -> GroupFuture:
+        """Call a group method without waiting, even one registered as blocking: its GroupFuture."""
+        remote_name, spec = self._submitters[method]
+        return self._submit(remote_name, method, spec, args, kwargs)
 
     # ------------------------------------------------------------------ views
     @property
