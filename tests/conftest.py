@@ -94,3 +94,14 @@ def one_rank(monkeypatch):
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls: one thread is faster and immune to other processes competing for the 2 cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

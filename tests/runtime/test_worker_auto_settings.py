@@ -5,10 +5,6 @@ kept."""
 from __future__ import annotations
 
 import logging
-import socket
-
-import pytest
-import torch.distributed as dist
 
 from helpers.e2e import make_config
 from helpers.ppo_batches import ragged_ppo_batch
@@ -20,19 +16,6 @@ NO_MICRO_SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
                   "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null",
                   "critic.ppo_micro_batch_size_per_gpu=null",
                   "actor_rollout_ref.model.enable_gradient_checkpointing=null"]
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(key, value)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_workers_decide_log_once_and_train_with_token_budgets(one_rank, tiny_model_dir, tmp_path, caplog,
