@@ -187,8 +187,13 @@ def parse_args(argv=None):
     p.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
     args = p.parse_args(argv)
     if args.smoke:
-        args.shape, args.steps, args.prompts, args.n, args.response_length = "tiny", 2, 4, 2, 8
+        apply_smoke(args)
     return args
+
+
+def apply_smoke(args) -> None:
+    """--smoke's run (also peer_verl's): the tiny shape, 2 steps of 4 prompts × 2 samples, 8 response tokens."""
+    args.shape, args.steps, args.prompts, args.n, args.response_length = "tiny", 2, 4, 2, 8
 
 
 def main(argv=None) -> int:

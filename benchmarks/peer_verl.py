@@ -215,7 +215,7 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU: verlx's side on the tiny shape; veRL's command printed")
     args = p.parse_args(argv)
     if args.smoke:
-        args.shape, args.steps, args.prompts, args.n, args.response_length = "tiny", 2, 4, 2, 8
+        grpo_step_gpu.apply_smoke(args)
     return args
 
 

@@ -113,10 +113,12 @@ def hub_splits() -> dict[str, Iterable[dict]]:
     return {split: dataset[split] for split in SPLITS}
 
 
-def main(argv: list[str] | None = None) -> dict[str, str]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, make_row=to_row, save_dir: str = "~/data/gsm8k",
+         description: str = __doc__) -> dict[str, str]:
+    """The CLI; gsm8k_tool.py runs it with its own row builder, save directory and description."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--local_dataset_path", default=None, help="directory or file of the GSM8K data")
-    parser.add_argument("--local_save_dir", default="~/data/gsm8k", help="where train.parquet/test.parquet go")
+    parser.add_argument("--local_save_dir", default=save_dir, help="where train.parquet/test.parquet go")
     args = parser.parse_args(argv)
 
     if args.local_dataset_path:
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         sources = {split: (examples, f"openai/gsm8k:{split}") for split, examples in hub_splits().items()}
     written = {}
     for split, (examples, origin) in sources.items():
-        rows = [to_row(ex, split, i, f"{origin} row {i}") for i, ex in enumerate(examples)]
+        rows = [make_row(ex, split, i, f"{origin} row {i}") for i, ex in enumerate(examples)]
         written[split] = write_parquet_atomic(
             rows, os.path.join(os.path.expanduser(args.local_save_dir), f"{split}.parquet")
         )

@@ -11,14 +11,11 @@ only learns whether its answer is right, as veRL's gsm8k tool does).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gsm8k  # noqa: E402  (the plain GSM8K preprocessing next to this file)
-
-from verlx.data.parquet import write_parquet_atomic  # noqa: E402  (gsm8k put the checkout on the path)
 
 SYSTEM = ("You are a math expert. Use the calculator or python tools for arithmetic, and check_answer to test "
           "an answer before you give it. Put the final answer after \"####\".")
@@ -33,21 +30,7 @@ def to_row(example: dict, split: str, index: int, where: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict[str, str]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--local_dataset_path", default=None, help="directory or file of the GSM8K data")
-    parser.add_argument("--local_save_dir", default="~/data/gsm8k_tool", help="where train/test.parquet go")
-    args = parser.parse_args(argv)
-    if args.local_dataset_path:
-        sources = {s: (gsm8k.read_examples(f), f) for s, f in gsm8k.local_splits(args.local_dataset_path).items()}
-    else:
-        sources = {s: (examples, f"openai/gsm8k:{s}") for s, examples in gsm8k.hub_splits().items()}
-    written = {}
-    for split, (examples, origin) in sources.items():
-        rows = [to_row(ex, split, i, f"{origin} row {i}") for i, ex in enumerate(examples)]
-        written[split] = write_parquet_atomic(
-            rows, os.path.join(os.path.expanduser(args.local_save_dir), f"{split}.parquet"))
-        print(f"{split}: {len(rows)} rows -> {written[split]}")
-    return written
+    return gsm8k.main(argv, make_row=to_row, save_dir="~/data/gsm8k_tool", description=__doc__)
 
 
 if __name__ == "__main__":
