@@ -22,6 +22,14 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "<|begin_of_t
 ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 CHARS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
 
+# Consecutive tool results become one user turn of <tool_response> blocks (Qwen2.5 and Qwen3 alike).
+QWEN_TOOL_RESPONSES = (
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
+    "{{ '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}{%- endif %}"
+)
+
 QWEN25 = (
     "{%- if tools %}"
     "{{ '<|im_start|>system\\n' }}"
@@ -37,11 +45,8 @@ QWEN25 = (
     "{%- for message in messages %}"
     "{%- if message.role == 'user' or message.role == 'assistant' %}"
     "{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
-    "{{ '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
+    + QWEN_TOOL_RESPONSES
+    + "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -83,11 +88,8 @@ QWEN3 = (
     "{%- if loop.index0 > ns.last_query and reasoning %}"
     "{{ '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' }}"
     "{%- else %}{{ '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
-    "{{ '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
+    + QWEN_TOOL_RESPONSES
+    + "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
