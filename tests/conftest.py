@@ -81,15 +81,12 @@ def two_node_cluster():
 @pytest.fixture
 def one_rank(monkeypatch):
     """This process as a one-rank torch.distributed world (env:// on a free port), torn down after the test."""
-    import socket
-
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from verlx.utils.distributed import free_port
+
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
+                       "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)
     yield
     if dist.is_initialized():

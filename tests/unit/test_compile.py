@@ -5,7 +5,6 @@ checkpointing still recomputes."""
 from __future__ import annotations
 
 import copy
-import socket
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from helpers.compile_models import assert_fp32_close, packed_batch, tiny_config,
 from verlx.models import compile as compile_mod
 from verlx.models.compile import compile_model
 from verlx.models.policy import PolicyModel
+from verlx.utils.distributed import free_port
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +24,7 @@ def policies():
 
     from verlx.workers.fsdp.model_builder import apply_fsdp2, enable_activation_checkpointing
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(tiny_config()).float()
     enable_activation_checkpointing(hf)

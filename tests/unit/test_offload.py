@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import gc
 import logging
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from helpers.ppo_batches import ragged_ppo_batch
+from verlx.utils.distributed import free_port
 from verlx.workers.fsdp import offload
 from verlx.workers.fsdp.offload import Offloader, fsdp_units, optimizer_state_tensors
 
@@ -22,10 +22,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def gloo():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     gc.collect()
     dist.destroy_process_group()

@@ -6,13 +6,13 @@ Runs in this process alone (world size 1), or as one of `torchrun --nproc_per_no
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Sequence
 
 from verlx.config.loader import ConfigError, DataError, build, load_yaml, to_container
 from verlx.config.sft import SFTConfig
 from verlx.trainer.preflight_sft import validate_sft
+from verlx.utils.distributed import free_port
 
 
 def load_sft_config(overrides: Sequence[str] = ()) -> SFTConfig:
@@ -20,18 +20,12 @@ def load_sft_config(overrides: Sequence[str] = ()) -> SFTConfig:
     return build(SFTConfig, to_container(load_yaml("sft_trainer", overrides, schema=SFTConfig)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _single_process_env() -> None:
     """Without a launcher this process is the whole world."""
     if "RANK" in os.environ:
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 def _check_tokenizer_files(cfg: SFTConfig) -> None:
