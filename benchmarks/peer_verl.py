@@ -28,11 +28,23 @@ Prints the two runs' per-step tables and a side-by-side of the steady steps (mea
 and per phase, generated tokens per second, veRL / verlx. Writes $OUT/peer_verl.json (and both metric files).
 
   python benchmarks/peer_verl.py --smoke    # CPU: verlx's side on the tiny shape, veRL's command printed, not run
+
+--learning (issue 24): veRL on benchmarks/learning_gpu.py's run instead: the SFT model and data in --out (built
+first when absent), the reward file above, learning_gpu's GRPO hyperparameters under veRL's keys (64 prompts × 8,
+lr, two mini-batches per step, no KL, T=1, greedy validation on the test split before training and every
+test_freq steps, --seed for the data order and sampling) and the token budgets verlx's vLLM run chose (its log in
+--out/runs). Its summary has learning_gpu's layout (system "verl": accuracy per validation, training seconds
+measured the same way), in --out/runs/verl-vllm-1gpu-sync-s<seed>/ and $OUT/learning/;
+benchmarks/learning_report.py sets it beside verlx's runs.
+
+  python benchmarks/peer_verl.py --learning --out /tmp/learn --seed 0 --wheels .whl/peer_verl
+  python benchmarks/peer_verl.py --learning --out /tmp/learn-smoke --smoke   # CPU: veRL's commands printed
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -44,6 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 
 import grpo_step_gpu  # noqa: E402 - after the sys.path entries above
+import learning_gpu  # noqa: E402
 
 REWARD_FILE = os.path.join(ROOT, "benchmarks", "peer_reward.py")
 WHEEL_TARGET = "/tmp/peer-verl"
@@ -202,10 +215,125 @@ def run_verl(args, model_dir: str, data_dir: str, work: str, budgets: dict) -> d
     return {"tried": tried, "rows": [], "attempt": None}
 
 
+# ------------------------------------------------------------------------------------- --learning: accuracy curves
+def learning_args(args):
+    """benchmarks/learning_gpu.py's settings for this run: the same data, SFT model and GRPO hyperparameters."""
+    argv = ["--out", args.out, "--seed", str(args.seed), "--engine", "vllm", *(["--smoke"] if args.smoke else [])]
+    return learning_gpu.parse_args(argv + (["--steps", str(args.steps)] if args.steps else []))
+
+
+def learning_command(largs, p: dict, info: dict, out_dir: str, budgets: dict, attempt: str) -> list[str]:
+    """veRL's main_ppo for learning_gpu's GRPO run: each of its hyperparameters under veRL's key (the module
+    docstring says which veRL defaults it has to leave)."""
+    use_v1, remove_padding = ATTEMPTS[attempt]
+    return [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False", "algorithm.norm_adv_by_std_in_grpo=True",
+        f"data.train_files={p['data']}/train.parquet", f"data.val_files={p['data']}/test.parquet",
+        f"data.train_batch_size={largs.prompts}", f"data.max_prompt_length={info['max_prompt_tokens']}",
+        f"data.max_response_length={largs.response_length}", "data.filter_overlong_prompts=False",
+        "data.truncation=error", "data.shuffle=True", f"data.seed={largs.seed}",
+        f"actor_rollout_ref.model.path={p['sft_model']}",
+        f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        f"actor_rollout_ref.actor.optim.lr={largs.lr}", "actor_rollout_ref.actor.optim.weight_decay=0.01",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={largs.prompts // largs.updates_per_step}",
+        "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.clip_ratio=0.2",
+        "actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budgets['actor_budget']}",
+        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={budgets['log_prob_budget']}",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.n={largs.n}", "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.top_p=1.0", f"actor_rollout_ref.rollout.seed={largs.seed}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={largs.gpu_memory_utilization}",
+        f"actor_rollout_ref.rollout.max_num_seqs={max(256, largs.prompts * largs.n)}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=False", "actor_rollout_ref.rollout.val_kwargs.temperature=0",
+        f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
+        f"trainer.use_v1={use_v1}", "trainer.critic_warmup=0", "trainer.logger=[console,file]",
+        "trainer.project_name=learning_verl", f"trainer.experiment_name={attempt}-s{largs.seed}",
+        "trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"trainer.total_training_steps={largs.steps}",
+        "trainer.total_epochs=1000", "trainer.val_before_train=True", f"trainer.test_freq={largs.test_freq}",
+        "trainer.save_freq=-1", "trainer.resume_mode=disable", f"trainer.default_local_dir={out_dir}/ckpt",
+    ]
+
+
+def verl_jsonl_row(line: str) -> dict | None:
+    """One line of veRL's file logger ({"step": N, "data": {...}}) as a verlx metrics row."""
+    record = json.loads(line)
+    return {"step": record["step"], **record["data"]} if isinstance(record.get("data"), dict) else None
+
+
+def learning_budgets(runs_dir: str, seed: int) -> dict:
+    """The token budgets verlx's workers chose in the vLLM run of this seed (else any verlx run); 16384 if none."""
+    logs = sorted(glob.glob(os.path.join(runs_dir, "verlx-*", "run.log")),
+                  key=lambda path: ("-vllm-1gpu-sync-" not in path, f"-s{seed}" not in path, path))
+    for path in logs:
+        with open(path, errors="replace") as f:
+            decisions = grpo_step_gpu.auto_decisions(f.read())
+        if decisions["actor_budget"]:
+            return {k: decisions[k] or 16384 for k in ("actor_budget", "log_prob_budget")} | {"from": path}
+    return {"actor_budget": 16384, "log_prob_budget": 16384, "from": None}
+
+
+def run_learning(args) -> int:
+    """veRL on learning_gpu's SFT model and data (built here when --out has none), each attempt in turn until one
+    logs every validation; its summary has learning_gpu's layout (system "verl")."""
+    largs = learning_args(args)
+    p = learning_gpu.paths(os.path.abspath(largs.out))
+    info = learning_gpu.stage_data(largs, p)
+    learning_gpu.stage_sft(largs, p, info)
+    budgets = learning_budgets(p["runs"], largs.seed)
+    env = {**os.environ, "VERL_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"}
+    if args.wheels:
+        env["PYTHONPATH"] = os.pathsep.join([install_wheels(args.wheels), env.get("PYTHONPATH", "")])
+    tried, summary = [], None
+    for attempt in args.verl_attempts.split(","):
+        name = f"verl-vllm-1gpu-sync-s{largs.seed}"
+        out_dir = os.path.join(p["runs"], name, attempt)
+        os.makedirs(out_dir, exist_ok=True)
+        cmd = learning_command(largs, p, info, out_dir, budgets, attempt)
+        record = {"attempt": attempt, "command": " ".join(cmd)}
+        tried.append(record)
+        print(f"veRL attempt {attempt}: {record['command']}", flush=True)
+        if args.smoke:
+            record["result"] = "not run (--smoke)"
+            continue
+        jsonl = os.path.join(out_dir, "metrics.jsonl")
+        result = learning_gpu.run_watched(cmd, out_dir, {**env, "VERL_FILE_LOGGER_PATH": jsonl},
+                                          os.path.join(out_dir, "run.log"), jsonl, name, args.timeout_s,
+                                          parse=verl_jsonl_row)
+        meta = {"name": name, "system": "verl", "engine": "vllm", "layout": "1gpu", "mode": "sync",
+                "seed": largs.seed, "attempt": attempt, "rc": result["rc"], "wall_s": result["wall_s"],
+                "command": record["command"], "budgets": budgets,
+                "hyperparameters": learning_gpu.hyperparameters(largs), "samples_per_step": largs.prompts * largs.n,
+                **learning_gpu.environment()}
+        summary = learning_gpu.learning_summary(result["timed_rows"], meta, largs.test_size)
+        with open(os.path.join(out_dir, "run.log"), errors="replace") as f:
+            record.update(rc=result["rc"], log_tail=f.read().splitlines()[-25:])
+        if summary["curve"] and summary["curve"][-1]["step"] >= largs.steps:
+            break
+        print(f"veRL attempt {attempt}: rc {result['rc']}, validations {[c['step'] for c in summary['curve']]}\n"
+              + "\n".join(record["log_tail"]), flush=True)
+        summary = None
+    if summary is not None:
+        summary["tried"] = tried
+        learning_gpu.write_json(os.path.join(p["runs"], summary["name"], "summary.json"), summary)
+        learning_gpu.export(f"{summary['name']}.json", summary)
+        learning_gpu.print_runs([summary])
+    else:
+        learning_gpu.export(f"verl-tried-s{largs.seed}.json", {"tried": tried, "budgets": budgets})
+    return 0 if summary is not None or args.smoke else 1
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="0.5b", choices=list(grpo_step_gpu.SHAPES))
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, help="default: 3 (throughput), learning_gpu's 40 (--learning)")
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--response-length", type=int, default=256)
@@ -213,14 +341,24 @@ def parse_args(argv=None):
     p.add_argument("--verl-attempts", default=",".join(ATTEMPTS), help=f"tried in order: {', '.join(ATTEMPTS)}")
     p.add_argument("--timeout-s", type=int, default=1500, help="per veRL attempt")
     p.add_argument("--smoke", action="store_true", help="CPU: verlx's side on the tiny shape; veRL's command printed")
+    p.add_argument("--learning", action="store_true", help="veRL on benchmarks/learning_gpu.py's run: accuracy "
+                   "curves (see the module docstring)")
+    p.add_argument("--out", help="--learning: learning_gpu.py's --out (data and SFT model; built when absent)")
+    p.add_argument("--seed", type=int, default=0, help="--learning: the run's seed")
     args = p.parse_args(argv)
-    if args.smoke:
+    if args.learning and not args.out:
+        p.error("--learning needs --out (benchmarks/learning_gpu.py's directory)")
+    if args.smoke and not args.learning:
         grpo_step_gpu.apply_smoke(args)
+    elif args.steps is None and not args.learning:
+        args.steps = 3
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.learning:
+        return run_learning(args)
     work = tempfile.mkdtemp(prefix="verlx-peer-")
     model_dir, data_dir = grpo_step_gpu.prepare_inputs(work, args.shape)
     verlx_args = grpo_step_gpu.parse_args([
