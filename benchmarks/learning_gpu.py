@@ -216,9 +216,10 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def run_watched(cmd: list[str], cwd: str, env: dict, log_path: str, metrics_path: str, label: str,
-                timeout_s: float, parse=json.loads) -> dict:
+                timeout_s: float, parse=json.loads, on_rows=None) -> dict:
     """Run `cmd` (output to `log_path`) and note the wall-clock time each line of its metrics file appears; a
-    compact line per logged step is printed. Returns rc, [(row, seconds since start)], and the run's wall time."""
+    compact line per logged step is printed and `on_rows(timed rows so far)` called (a run cut short keeps what it
+    logged). Returns rc, [(row, seconds since start)], and the run's wall time."""
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
     timed_rows, offset, start = [], 0, time.time()
@@ -232,11 +233,12 @@ def run_watched(cmd: list[str], cwd: str, env: dict, log_path: str, metrics_path
             chunk = f.read()
         complete = chunk[: chunk.rfind("\n") + 1]
         offset += len(complete.encode())
-        for line in filter(str.strip, complete.splitlines()):
-            row = parse(line)
-            if row is not None:
-                timed_rows.append((row, time.time() - start))
-                print(progress_line(label, row), flush=True)
+        rows = [row for row in map(parse, filter(str.strip, complete.splitlines())) if row is not None]
+        for row in rows:
+            timed_rows.append((row, time.time() - start))
+            print(progress_line(label, row), flush=True)
+        if rows and on_rows is not None:
+            on_rows(timed_rows)
 
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -337,15 +339,21 @@ def stage_grpo(args, p: dict, info: dict) -> dict:
     cmd = [sys.executable, "-m", "verlx.trainer.main_ppo", *grpo_overrides(args, p, info, run_dir)]
     print("$ " + " ".join(cmd), flush=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    result = run_watched(cmd, ROOT, env, os.path.join(run_dir, "run.log"), os.path.join(run_dir, "metrics.jsonl"),
-                         name, args.timeout_s)
     meta = {"name": name, "system": "verlx", "engine": args.engine, "layout": layout(args), "mode": args.mode,
-            "seed": args.seed, "rc": result["rc"], "wall_s": result["wall_s"], "command": " ".join(cmd),
+            "seed": args.seed, "rc": None, "wall_s": None, "command": " ".join(cmd),
             "hyperparameters": hyperparameters(args), "samples_per_step": args.prompts * args.n,
             "sft_accuracy": load_json(p["sft_summary"]).get("accuracy"), **environment()}
-    summary = learning_summary(result["timed_rows"], meta, args.test_size)
-    write_json(os.path.join(run_dir, "summary.json"), summary)
-    export(f"{name}.json", summary)
+
+    def save(timed_rows) -> dict:
+        summary = learning_summary(timed_rows, meta, args.test_size)
+        write_json(os.path.join(run_dir, "summary.json"), summary)
+        export(f"{name}.json", summary)
+        return summary
+
+    result = run_watched(cmd, ROOT, env, os.path.join(run_dir, "run.log"), os.path.join(run_dir, "metrics.jsonl"),
+                         name, args.timeout_s, on_rows=save)
+    meta.update(rc=result["rc"], wall_s=result["wall_s"])
+    summary = save(result["timed_rows"])
     if result["rc"] != 0:
         with open(os.path.join(run_dir, "run.log"), errors="replace") as f:
             print("".join(f.readlines()[-40:]))

@@ -140,6 +140,21 @@ def draw(summaries: list[dict], out_dir: str, prefix: str) -> list[str]:
     return written
 
 
+def usable(summaries: list[dict]) -> list[dict]:
+    """The runs that ended well or are cut short (rc None: killed with the call, their curve so far); a failed
+    run is named and left out."""
+    kept = []
+    for s in summaries:
+        last = s["curve"][-1]["step"] if s["curve"] else None
+        if s.get("rc") not in (0, None):
+            print(f"left out: {s['name']} failed (rc {s['rc']}) after validating at step {last}")
+            continue
+        if s.get("rc") is None:
+            print(f"{s['name']}: cut short, its curve ends at step {last}")
+        kept.append(s)
+    return kept
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="+", help="summary JSON files, or directories holding them")
@@ -147,7 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="directory for the pictures (none drawn without it)")
     p.add_argument("--prefix", default="learning")
     args = p.parse_args(argv)
-    summaries = load_summaries(args.inputs)
+    summaries = usable(load_summaries(args.inputs))
     target = args.target if args.target is not None else verl_target(summaries)
     print_table(table(summaries, target), target)
     if args.out:

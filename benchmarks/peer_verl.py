@@ -291,9 +291,9 @@ def run_learning(args) -> int:
     env = {**os.environ, "VERL_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"}
     if args.wheels:
         env["PYTHONPATH"] = os.pathsep.join([install_wheels(args.wheels), env.get("PYTHONPATH", "")])
+    name = f"verl-vllm-1gpu-sync-s{largs.seed}"
     tried, summary = [], None
     for attempt in args.verl_attempts.split(","):
-        name = f"verl-vllm-1gpu-sync-s{largs.seed}"
         out_dir = os.path.join(p["runs"], name, attempt)
         os.makedirs(out_dir, exist_ok=True)
         cmd = learning_command(largs, p, info, out_dir, budgets, attempt)
@@ -303,31 +303,39 @@ def run_learning(args) -> int:
         if args.smoke:
             record["result"] = "not run (--smoke)"
             continue
-        jsonl = os.path.join(out_dir, "metrics.jsonl")
-        result = learning_gpu.run_watched(cmd, out_dir, {**env, "VERL_FILE_LOGGER_PATH": jsonl},
-                                          os.path.join(out_dir, "run.log"), jsonl, name, args.timeout_s,
-                                          parse=verl_jsonl_row)
         meta = {"name": name, "system": "verl", "engine": "vllm", "layout": "1gpu", "mode": "sync",
-                "seed": largs.seed, "attempt": attempt, "rc": result["rc"], "wall_s": result["wall_s"],
-                "command": record["command"], "budgets": budgets,
-                "hyperparameters": learning_gpu.hyperparameters(largs), "samples_per_step": largs.prompts * largs.n,
-                **learning_gpu.environment()}
-        summary = learning_gpu.learning_summary(result["timed_rows"], meta, largs.test_size)
+                "seed": largs.seed, "attempt": attempt, "rc": None, "wall_s": None, "command": record["command"],
+                "budgets": budgets, "hyperparameters": learning_gpu.hyperparameters(largs),
+                "samples_per_step": largs.prompts * largs.n, **learning_gpu.environment()}
+        summary = run_verl_learning(args, cmd, env, out_dir, meta, p, largs.test_size)
         with open(os.path.join(out_dir, "run.log"), errors="replace") as f:
-            record.update(rc=result["rc"], log_tail=f.read().splitlines()[-25:])
+            record.update(rc=summary["rc"], log_tail=f.read().splitlines()[-25:])
         if summary["curve"] and summary["curve"][-1]["step"] >= largs.steps:
             break
-        print(f"veRL attempt {attempt}: rc {result['rc']}, validations {[c['step'] for c in summary['curve']]}\n"
+        print(f"veRL attempt {attempt}: rc {summary['rc']}, validations {[c['step'] for c in summary['curve']]}\n"
               + "\n".join(record["log_tail"]), flush=True)
         summary = None
+    learning_gpu.export(f"verl-tried-s{largs.seed}.json", {"tried": tried, "budgets": budgets})
     if summary is not None:
-        summary["tried"] = tried
-        learning_gpu.write_json(os.path.join(p["runs"], summary["name"], "summary.json"), summary)
-        learning_gpu.export(f"{summary['name']}.json", summary)
         learning_gpu.print_runs([summary])
-    else:
-        learning_gpu.export(f"verl-tried-s{largs.seed}.json", {"tried": tried, "budgets": budgets})
     return 0 if summary is not None or args.smoke else 1
+
+
+def run_verl_learning(args, cmd: list[str], env: dict, out_dir: str, meta: dict, p: dict, test_size: int) -> dict:
+    """One veRL attempt, its summary rewritten as each metrics line appears (a run cut short keeps its curve)."""
+    jsonl = os.path.join(out_dir, "metrics.jsonl")
+
+    def save(timed_rows) -> dict:
+        summary = learning_gpu.learning_summary(timed_rows, meta, test_size)
+        learning_gpu.write_json(os.path.join(p["runs"], meta["name"], "summary.json"), summary)
+        learning_gpu.export(f"{meta['name']}.json", summary)
+        return summary
+
+    result = learning_gpu.run_watched(cmd, out_dir, {**env, "VERL_FILE_LOGGER_PATH": jsonl},
+                                      os.path.join(out_dir, "run.log"), jsonl, meta["name"], args.timeout_s,
+                                      parse=verl_jsonl_row, on_rows=save)
+    meta.update(rc=result["rc"], wall_s=result["wall_s"])
+    return save(result["timed_rows"])
 
 
 def parse_args(argv=None):

@@ -199,6 +199,33 @@ def test_a_run_that_logged_nothing_has_an_empty_summary():
     assert summary["curve"] == [] and summary["gain"] is None and summary["train_s"] is None
 
 
+WRITER = """
+import json, sys, time
+with open(sys.argv[1], "a") as f:
+    for step in range(2):
+        f.write(json.dumps({"step": step, "timing_s/step": 1.0}) + "\\n")
+        f.flush()
+        time.sleep(0.6)
+    f.write('{"step": 2, "partial')
+    f.flush()
+    time.sleep(60)
+"""
+
+
+def test_run_watched_times_each_metrics_line_and_ends_a_run_past_its_timeout(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    seen = []
+    result = learning.run_watched([sys.executable, "-c", WRITER, str(metrics)], str(tmp_path), dict(os.environ),
+                                  str(tmp_path / "run.log"), str(metrics), "w", timeout_s=3,
+                                  on_rows=lambda rows: seen.append([row["step"] for row, _ in rows]))
+    assert result["rc"] == -15  # SIGTERM after 3 s; the half-written third line is not read
+    assert [row for row, _ in result["timed_rows"]] == [{"step": 0, "timing_s/step": 1.0},
+                                                        {"step": 1, "timing_s/step": 1.0}]
+    first, second = (seconds for _, seconds in result["timed_rows"])
+    assert 0.4 < second - first < 2.5 and 3 <= result["wall_s"] < 30
+    assert seen == [[0], [0, 1]]
+
+
 # -------------------------------------------------------------------------------------------- veRL (--learning)
 def test_verl_gets_the_same_grpo_run_under_its_own_keys():
     peer = _load("peer_verl")
@@ -279,6 +306,14 @@ def test_report_pools_the_seeds_and_times_the_run_to_verls_final_accuracy(capsys
     out = capsys.readouterr().out
     assert "| verlx native 1gpu | 0,1 | 29.0 | 56.0 ± 4.0 | 27.0 ± 3.0 | 2.00 | 21 | 20 (1/2) |" in out
     assert "s to 54.0% |" in out
+
+
+def test_report_leaves_out_failed_runs_and_names_cut_short_ones(capsys):
+    failed, cut = dict(SUMMARIES[0], rc=1, name="f"), dict(SUMMARIES[1], rc=None, name="c")
+    assert report.usable([failed, cut, dict(SUMMARIES[2], rc=0)]) == [cut, dict(SUMMARIES[2], rc=0)]
+    out = capsys.readouterr().out
+    assert "left out: f failed (rc 1) after validating at step 10" in out
+    assert "c: cut short, its curve ends at step 10" in out
 
 
 def test_report_draws_accuracy_against_step_and_time(tmp_path):
