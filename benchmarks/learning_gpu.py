@@ -4,7 +4,7 @@ Stages (each cached in --out: a stage whose output exists is skipped, so SFT run
   data   the model, randomly initialised (Qwen2 architecture, the quick start's byte-level tokenizer: vocabulary 259),
          and the word problems of benchmarks/learning_task.py as train/val/test parquet in veRL's schema
   sft    `python -m verlx.trainer.main_sft` on the training split (the teacher's worked solutions), validated on the
-         val split, stopped at --sft-target accuracy or after --sft-steps
+         val split every --sft-test-freq steps, --sft-steps steps (or until --sft-target accuracy)
   grpo   `python -m verlx.trainer.main_ppo` from the SFT model with --engine, --gpus (--rollout-tp), --mode, --seed;
          greedy accuracy on the test split before training and every --test-freq steps
   all    the three in turn; report: the table of every run in --out (benchmarks/learning_report.py)
@@ -397,8 +397,9 @@ def parse_args(argv=None):
     g.add_argument("--sft-steps", type=int, default=1500)
     g.add_argument("--sft-batch", type=int, default=128)
     g.add_argument("--sft-lr", type=float, default=1e-3)
-    g.add_argument("--sft-test-freq", type=int, default=100)
-    g.add_argument("--sft-target", type=float, default=0.25, help="stop at this val accuracy (negative: never)")
+    g.add_argument("--sft-test-freq", type=int, default=250)
+    g.add_argument("--sft-target", type=float, help="stop at this val accuracy (default: train every step; the "
+                   "teacher's slips, not the step count, cap the accuracy)")
     g.add_argument("--sft-extra", nargs="*", default=[], help="more main_sft key=value overrides")
     g = p.add_argument_group("grpo")
     g.add_argument("--engine", default="native", choices=("native", "sglang", "vllm", "hf"))
@@ -421,8 +422,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.smoke:
         apply_smoke(args)
-    if args.sft_target is not None and args.sft_target < 0:
-        args.sft_target = None
     check_args(p, args)
     return args
 

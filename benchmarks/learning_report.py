@@ -20,6 +20,7 @@ import sys
 from collections import defaultdict
 
 CONFIG_KEYS = ("system", "engine", "layout", "mode")
+BASELINE = "verlx native 1gpu"  # the configuration the others' training seconds are divided by
 
 
 def load_summaries(inputs: list[str]) -> list[dict]:
@@ -84,6 +85,9 @@ def table(summaries: list[dict], target: float | None) -> list[dict]:
         row["s_to_target"], _ = _stats(reached)
         row["reached"] = sum(t is not None for t in reached)
         rows.append(row)
+    base = next((r["train_s"] for r in rows if r["config"] == BASELINE), None)
+    for row in rows:
+        row["train_s_vs_baseline"] = row["train_s"] / base if base and row["train_s"] is not None else None
     return rows
 
 
@@ -94,16 +98,18 @@ def print_table(rows: list[dict], target: float | None) -> None:
         return f"{100 * value:.1f}" + ("" if spread is None else f" ± {100 * spread / 2:.1f}")
 
     goal = "-" if target is None else f"{100 * target:.1f}%"
-    print(f"\n| configuration | seeds | start % | end % | gain (points) | s/step | training s | s to {goal} |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\n| configuration | seeds | start % | end % | gain (points) | s/step | training s | vs {BASELINE} | "
+          f"s to {goal} |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         to_target = "-" if r["s_to_target"] is None else f"{r['s_to_target']:.0f} ({r['reached']}/{len(r['seeds'])})"
         step_s = "-" if r["mean_step_s"] is None else f"{r['mean_step_s']:.2f}"
         train_s = "-" if r["train_s"] is None else f"{r['train_s']:.0f}"
+        ratio = "-" if r["train_s_vs_baseline"] is None else f"{r['train_s_vs_baseline']:.2f}×"
         print(f"| {r['config']} | {','.join(map(str, r['seeds']))} | {pct(r['start_accuracy'])} | "
               f"{pct(r['end_accuracy'], r['end_accuracy_spread'])} | {pct(r['gain'], r['gain_spread'])} | "
-              f"{step_s} | {train_s} | {to_target} |")
-    print("(± is half the spread between seeds)")
+              f"{step_s} | {train_s} | {ratio} | {to_target} |")
+    print("(± is half the spread between seeds; training s: wall-clock less validation, start-up excluded)")
 
 
 def draw(summaries: list[dict], out_dir: str, prefix: str) -> list[str]:

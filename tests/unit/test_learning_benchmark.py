@@ -284,7 +284,7 @@ def _summary(system, seed, curve, engine="native", layout="1gpu", mode="sync", s
 
 
 SUMMARIES = [
-    _summary("verlx", 0, [(0, 0.30, 0.0), (5, 0.50, 10.0), (10, 0.60, 20.0)]),
+    _summary("verlx", 0, [(0, 0.30, 0.0), (5, 0.55, 10.0), (10, 0.60, 20.0)]),
     _summary("verlx", 1, [(0, 0.28, 0.0), (5, 0.40, 11.0), (10, 0.52, 22.0)]),
     _summary("verl", 0, [(0, 0.30, 0.0), (5, 0.45, 30.0), (10, 0.58, 60.0)], engine="vllm", step_s=6.0),
     _summary("verl", 1, [(0, 0.28, 0.0), (5, 0.44, 31.0), (10, 0.50, 62.0)], engine="vllm", step_s=6.0),
@@ -299,12 +299,14 @@ def test_report_pools_the_seeds_and_times_the_run_to_verls_final_accuracy(capsys
     assert verlx["seeds"] == [0, 1] and verlx["end_accuracy"] == pytest.approx(0.56)
     assert verlx["end_accuracy_spread"] == pytest.approx(0.08)
     assert verlx["gain"] == pytest.approx(0.27) and verlx["gain_spread"] == pytest.approx(0.06)  # 0.30 and 0.24
-    # seed 0 reaches 54% at its step-10 validation (20 s); seed 1 never does (52% at the end)
-    assert verlx["s_to_target"] == 20.0 and verlx["reached"] == 1
+    # seed 0 reaches 54% first at its step-5 validation (10 s); seed 1 never does (52% at the end)
+    assert verlx["s_to_target"] == 10.0 and verlx["reached"] == 1
     assert verl["s_to_target"] == 60.0 and verl["reached"] == 1 and verl["mean_step_s"] == 6.0
     report.print_table(list(rows.values()), target)
     out = capsys.readouterr().out
-    assert "| verlx native 1gpu | 0,1 | 29.0 | 56.0 ± 4.0 | 27.0 ± 3.0 | 2.00 | 21 | 20 (1/2) |" in out
+    assert verl["train_s_vs_baseline"] == pytest.approx(61 / 21)
+    assert "| verlx native 1gpu | 0,1 | 29.0 | 56.0 ± 4.0 | 27.0 ± 3.0 | 2.00 | 21 | 1.00× | 10 (1/2) |" in out
+    assert "| verl vllm 1gpu | 0,1 | 29.0 | 54.0 ± 4.0 | 25.0 ± 3.0 | 6.00 | 61 | 2.90× | 60 (1/2) |" in out
     assert "s to 54.0% |" in out
 
 
