@@ -91,12 +91,15 @@ def stage_data(args, p: dict) -> dict:
     tokenizer = build_tokenizer(MAX_POSITIONS)
     for split, rows in splits.items():
         write_parquet_atomic(rows, os.path.join(p["data"], f"{split}.parquet"))
+    # GRPO's prompts: the first --rl-size training problems (steps × prompts need far fewer than SFT's rows, and
+    # both trainers tokenize every row of their training file when they start)
+    write_parquet_atomic(splits["train"][: args.rl_size], os.path.join(p["data"], "rl_train.parquet"))
     longest = max((r for rows in splits.values() for r in rows), key=lambda r: len(r["prompt"][0]["content"]))
     prompt_tokens = len(tokenizer.apply_chat_template(longest["prompt"], add_generation_prompt=True, tokenize=True,
                                                       return_dict=False))
     response_tokens = max(len(tokenizer(r["extra_info"]["answer"])["input_ids"]) for r in splits["train"])
     info = {
-        "shape": args.shape, "parameters": _parameters(spec), "sizes": sizes, "data_seed": args.data_seed,
+        "shape": args.shape, "parameters": _parameters(spec), "sizes": sizes, "rl_size": args.rl_size, "data_seed": args.data_seed,
         "teacher_error": args.teacher_error, "ops": [args.min_ops, args.max_ops],
         "max_prompt_tokens": prompt_tokens, "max_solution_tokens": response_tokens,
         "train_solutions_correct": sum(map(learning_task.solution_is_correct, splits["train"])) / args.train_size,
@@ -182,7 +185,7 @@ def grpo_overrides(args, p: dict, info: dict, run_dir: str) -> list[str]:
     """The GRPO run; benchmarks/peer_verl.py --learning gives veRL the same values."""
     overrides = [
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false", "algorithm.norm_adv_by_std_in_grpo=true",
-        f"data.train_files={p['data']}/train.parquet", f"data.val_files={p['data']}/test.parquet",
+        f"data.train_files={p['data']}/rl_train.parquet", f"data.val_files={p['data']}/test.parquet",
         f"data.train_batch_size={args.prompts}", f"data.max_prompt_length={info['max_prompt_tokens']}",
         f"data.max_response_length={args.response_length}",
         f"actor_rollout_ref.model.path={p['sft_model']}",
@@ -386,7 +389,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU: tiny model, tiny data, a few SFT and 2 GRPO steps")
     g = p.add_argument_group("data and model")
     g.add_argument("--shape", default="learn", choices=list(SHAPES))
-    g.add_argument("--train-size", type=int, default=60000)
+    g.add_argument("--train-size", type=int, default=40000, help="SFT's problems")
+    g.add_argument("--rl-size", type=int, default=8192, help="GRPO's prompts: the first of the training problems")
     g.add_argument("--val-size", type=int, default=256, help="SFT's stopping check")
     g.add_argument("--test-size", type=int, default=512, help="GRPO's held-out accuracy")
     g.add_argument("--teacher-error", type=float, default=0.6, help="see benchmarks/learning_task.py")
@@ -428,7 +432,7 @@ def parse_args(argv=None):
 
 def apply_smoke(args) -> None:
     """The CPU pipeline check: tiny model and data, SFT 30 steps, GRPO 2 steps of 4 prompts × 2, validating each."""
-    args.shape, args.train_size, args.val_size, args.test_size = "tiny", 256, 8, 8
+    args.shape, args.train_size, args.rl_size, args.val_size, args.test_size = "tiny", 256, 64, 8, 8
     args.sft_steps, args.sft_batch, args.sft_lr, args.sft_test_freq, args.sft_target = 30, 16, 3e-3, 10, None
     args.steps, args.prompts, args.n, args.response_length, args.test_freq = 2, 4, 2, 16, 1
     args.updates_per_step = 1
@@ -438,6 +442,9 @@ def check_args(parser, args) -> None:
     """Layouts this benchmark knows, checked before anything starts."""
     if args.mode != "sync" and (args.gpus != 2 or args.rollout_tp != 1):
         parser.error(f"--mode {args.mode} runs one trainer GPU and one rollout GPU: pass --gpus 2 (--rollout-tp 1)")
+    if not args.prompts * args.steps <= args.rl_size <= args.train_size:
+        parser.error(f"--rl-size {args.rl_size} must be within [--prompts × --steps = {args.prompts * args.steps}, "
+                     f"--train-size {args.train_size}]")
     if args.rollout_tp not in (1, args.gpus):
         parser.error(f"--rollout-tp {args.rollout_tp} must be 1 or --gpus ({args.gpus})")
     if args.prompts % args.updates_per_step or (args.prompts // args.updates_per_step) % args.gpus:

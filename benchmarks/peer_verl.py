@@ -229,7 +229,7 @@ def learning_command(largs, p: dict, info: dict, out_dir: str, budgets: dict, at
     return [
         sys.executable, "-m", "verl.trainer.main_ppo",
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False", "algorithm.norm_adv_by_std_in_grpo=True",
-        f"data.train_files={p['data']}/train.parquet", f"data.val_files={p['data']}/test.parquet",
+        f"data.train_files={p['data']}/rl_train.parquet", f"data.val_files={p['data']}/test.parquet",
         f"data.train_batch_size={largs.prompts}", f"data.max_prompt_length={info['max_prompt_tokens']}",
         f"data.max_response_length={largs.response_length}", "data.filter_overlong_prompts=False",
         "data.truncation=error", "data.shuffle=True", f"data.seed={largs.seed}",

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 
 from verlx.config.loader import build, load_yaml, to_container
@@ -131,6 +132,7 @@ def test_grpo_overrides_of_the_default_run():
     assert overrides["actor_rollout_ref.actor.optim.lr"] == "3e-05"
     assert overrides["data.max_prompt_length"] == "150" and overrides["data.max_response_length"] == "64"
     assert overrides["data.val_files"] == "/w/data/test.parquet"
+    assert overrides["data.train_files"] == "/w/data/rl_train.parquet"
     assert overrides["actor_rollout_ref.model.path"] == "/w/sft_model"
     assert overrides["trainer.seed"] == overrides["actor_rollout_ref.rollout.seed"] == "1"
     assert overrides["trainer.test_freq"] == "5" and overrides["trainer.val_before_train"] == "true"
@@ -162,6 +164,7 @@ def test_grpo_overrides_of_the_two_gpu_layouts_and_the_rollout_modes():
     (["--mode", "async"], "--mode async runs one trainer GPU and one rollout GPU"),
     (["--gpus", "1", "--rollout-tp", "2"], "--rollout-tp 2 must be 1 or --gpus (1)"),
     (["--prompts", "63"], "--prompts 63 must split into --updates-per-step 2"),
+    (["--steps", "200"], "--rl-size 8192 must be within [--prompts × --steps = 12800, --train-size 40000]"),
 ])
 def test_layouts_it_does_not_know_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -345,6 +348,8 @@ def test_smoke_runs_data_sft_and_grpo_then_verl_reuses_the_sft_model(tmp_path):
     proc = _run([sys.executable, "benchmarks/learning_gpu.py", "--smoke", "--out", str(work)], out)
     info = json.loads((work / "data" / "info.json").read_text())
     assert info["sizes"] == {"test": 8, "val": 8, "train": 256} and info["parameters"] == 90_880
+    rl_rows = pq.read_table(work / "data" / "rl_train.parquet").to_pylist()
+    assert rl_rows == pq.read_table(work / "data" / "train.parquet").to_pylist()[:64]
     sft = json.loads((out / "learning" / "sft.json").read_text())
     assert sft["rc"] == 0 and sft["steps"] == 30 and [v["step"] for v in sft["validations"]] == [10, 20, 30]
     summary = json.loads((out / "learning" / "verlx-native-1gpu-sync-s0.json").read_text())
