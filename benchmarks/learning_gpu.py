@@ -99,8 +99,8 @@ def stage_data(args, p: dict) -> dict:
                                                       return_dict=False))
     response_tokens = max(len(tokenizer(r["extra_info"]["answer"])["input_ids"]) for r in splits["train"])
     info = {
-        "shape": args.shape, "parameters": _parameters(spec), "sizes": sizes, "rl_size": args.rl_size, "data_seed": args.data_seed,
-        "teacher_error": args.teacher_error, "ops": [args.min_ops, args.max_ops],
+        "shape": args.shape, "parameters": _parameters(spec), "sizes": sizes, "rl_size": args.rl_size,
+        "data_seed": args.data_seed, "teacher_error": args.teacher_error, "ops": [args.min_ops, args.max_ops],
         "max_prompt_tokens": prompt_tokens, "max_solution_tokens": response_tokens,
         "train_solutions_correct": sum(map(learning_task.solution_is_correct, splits["train"])) / args.train_size,
         "greedy_teacher_ceiling": {s: learning_task.greedy_teacher_ceiling(rows) for s, rows in splits.items()},
