@@ -164,21 +164,28 @@ def test_remax():
     torch.testing.assert_close(a, torch.tensor([[0.6, 0.6, 0.6, 0.0], [-0.5, -0.5, 0.0, 0.0]]))
 
 
-@pytest.mark.parametrize("name", [n for n in ADV_ESTIMATORS if estimator_needs_groups(n)])
+@pytest.mark.parametrize("name", [n for n in ADV_ESTIMATORS if estimator_needs_groups(n)
+                                  and not ADV_ESTIMATORS.get(n).needs_sum_pi_squared])
 def test_groups_of_one_give_zero_not_nan(name):
+    # (the optimal token baseline gives A = G to a group of one, as veRL: tests/unit/test_token_baseline.py)
     rewards, mask = outcome_batch(scores=[1.0, 0.0, 3.0], lengths=[1, 2, 3])
     a, returns = ADV_ESTIMATORS.get(name)(token_level_rewards=rewards, response_mask=mask,
-                                          index=np.array(["x", "y", "z"], dtype=object))
+                                          index=np.array(["x", "y", "z"], dtype=object),
+                                          reward_components={"score": rewards.sum(-1)})
     assert torch.equal(a, torch.zeros_like(a)) and torch.isfinite(returns).all()
 
 
 def test_registry_flags():
     assert estimator_needs_critic("gae") and not estimator_needs_critic("grpo")
     assert {n for n in ADV_ESTIMATORS if estimator_needs_groups(n)} == {
-        "grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"}
+        "grpo", "grpo_passk", "gdpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline", "optimal_token_baseline",
+        "tir_optimal_token_baseline"}
     assert [n for n in ADV_ESTIMATORS if estimator_needs_greedy_baseline(n)] == ["remax"]
-    assert set(ADV_ESTIMATORS) == {"gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus",
-                                   "reinforce_plus_plus_baseline", "remax", "opo", "gpg"}
+    assert [n for n in ADV_ESTIMATORS if ADV_ESTIMATORS.get(n).needs_sum_pi_squared] == [
+        "optimal_token_baseline", "tir_optimal_token_baseline"]
+    assert set(ADV_ESTIMATORS) == {"gae", "grpo", "grpo_passk", "gdpo", "rloo", "reinforce_plus_plus",
+                                   "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "optimal_token_baseline",
+                                   "tir_optimal_token_baseline"}
 
 
 @pytest.mark.parametrize("fn", [estimator_needs_critic, estimator_needs_groups, estimator_needs_greedy_baseline])
@@ -186,7 +193,7 @@ def test_unknown_estimator_lists_the_registered_ones(fn):
     with pytest.raises(KeyError) as err:
         fn("grp0")
     message = str(err.value)
-    assert "algorithm.adv_estimator" in message and "gae, gpg, grpo" in message and "Did you mean 'grpo'" in message
+    assert "algorithm.adv_estimator" in message and "gae, gdpo, gpg, grpo" in message and "Did you mean 'grpo'" in message
 
 
 @pytest.mark.parametrize(("estimator", "enable", "expected"), [

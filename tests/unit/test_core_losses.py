@@ -117,7 +117,7 @@ def test_micro_batches_over_data_parallel_ranks_average_to_the_mini_batch_gradie
     rank_rows = [[(0, 3), (3, 4)], [(4, 6), (6, 8)]]
     for rows in rank_rows:
         rank_loss = sum(
-            agg_loss(loss[a:b], mask[a:b], mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=7)
+            agg_loss(loss[a:b], mask[a:b], mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=7, dp_size=dp)
             for a, b in rows
         )
         (rank_loss / dp).backward()  # the all-reduce average of the two ranks' gradients

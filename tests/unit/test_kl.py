@@ -95,8 +95,9 @@ def test_full_penalty_needs_the_full_kl():
 def test_unknown_kl_penalty_lists_the_registered_ones():
     with pytest.raises(KeyError) as err:
         kl_penalty(LOGP, REF, "low_var")
-    assert "abs, full, k1, k2, k3, kl, low_var_kl, mse" in str(err.value)
-    assert set(KL_PENALTIES) == {"abs", "full", "k1", "k2", "k3", "kl", "low_var_kl", "mse"}
+    assert "abs, abs+, full, k1, k1+, k2, k2+, k3, k3+, kl, kl+, low_var_kl, low_var_kl+, mse, mse+" in str(err.value)
+    assert set(KL_PENALTIES) == {"abs", "full", "k1", "k2", "k3", "kl", "low_var_kl", "mse", "abs+", "k1+", "k2+",
+                                 "k3+", "kl+", "low_var_kl+", "mse+"}
 
 
 def test_controllers():

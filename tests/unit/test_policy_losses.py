@@ -70,11 +70,11 @@ def test_gspo_sequence_ratio_and_stop_gradient():
         advantages=[[1, 1, 1], [-1, -1, -1], [1, 1, 1]],
         mask=[[1, 1, 0], [1, 1, 1], [1, 1, 0]],
     )
-    loss, metrics, grad = run("gspo", old, logp, a, m, config, agg="token-mean")
+    loss, metrics, grad = run("gspo", old, logp, a, m, config, agg="seq-mean-token-mean")
     # sequence ratios s = exp(mean log ratio): seq0 exp(0.2/2) = 1.105171 (inside [0.8, 1.28]),
     #   seq1 exp((0.1 - 0.3 + 0.2)/3) = 1, seq2 exp(ln 2) = 2 -> clipped to 1.28
     # per-token loss -A*s: seq0 -1.105171, seq1 +1, seq2 max(-2, -1.28) = -1.28
-    # seq-mean-token-mean whatever loss_agg_mode says: (-1.105171 + 1 - 1.28) / 3
+    # seq-mean-token-mean (the paper's aggregation): (-1.105171 + 1 - 1.28) / 3
     assert loss == pytest.approx(-0.4617236, abs=1e-7)
     # gradient of every token of sequence i: -A_i * s_i / (|y_i| * 3 sequences), same for all its tokens
     #   seq0: -1.105171 / 6 = -0.184195 on both tokens (a token-level ratio would give -e^0.2/6 and -1/6)
@@ -85,6 +85,19 @@ def test_gspo_sequence_ratio_and_stop_gradient():
     # ppo_kl = -(0.2 + 0 + 0.1 - 0.3 + 0.2 + 2 ln 2) / 7
     assert metrics["ppo_kl"] == pytest.approx(-0.2266135, abs=1e-7)
     assert metrics["pg_clipfrac_lower"] == 0.0
+
+
+def test_gspo_honours_loss_agg_mode_as_verl_0_9_1():
+    config = ActorConfig(clip_ratio=0.2, clip_ratio_high=0.28)
+    old, logp, a, m = inputs(
+        [[-1.0, -2.0, -3.0], [-1.0, -1.5, -0.5], [-2.0, -2.0, -9.0]],
+        ratio=[[math.exp(0.2), 1.0, 1.0], [math.exp(0.1), math.exp(-0.3), math.exp(0.2)], [2.0, 2.0, 7.0]],
+        advantages=[[1, 1, 1], [-1, -1, -1], [1, 1, 1]],
+        mask=[[1, 1, 0], [1, 1, 1], [1, 1, 0]],
+    )
+    loss, _, _ = run("gspo", old, logp, a, m, config, agg="token-mean")
+    # the same per-token losses averaged over the 7 tokens: (2 * -1.105171 + 3 * 1 + 2 * -1.28) / 7
+    assert loss == pytest.approx(-0.2529060, abs=1e-7)
 
 
 def test_cispo_gradient_flows_through_log_prob_only():
@@ -178,4 +191,5 @@ def test_unknown_policy_loss_lists_the_registered_ones():
         POLICY_LOSSES.get("vanila")
     message = str(err.value)
     assert "actor_rollout_ref.actor.policy_loss.loss_mode" in message
-    assert "cispo, clip_cov, gpg, gspo, kl_cov, vanilla" in message and "Did you mean 'vanilla'" in message
+    assert ("bypass_mode, cispo, clip_cov, dppo_kl, dppo_tv, dro, geo_mean, gpg, gspo, kl_cov, sapo, vanilla" in message
+            and "Did you mean 'vanilla'" in message)
