@@ -7,26 +7,9 @@ import math
 import pytest
 import torch
 
+from helpers.policy_loss_cases import inputs, run
 from verlx.algorithms.policy_losses import POLICY_LOSSES
 from verlx.config.roles import ActorConfig, PolicyLossConfig
-
-
-def inputs(log_prob, ratio, advantages, mask):
-    """[B, R] tensors from rows (one flat list = one row): current log-probs (a leaf that records gradients) and
-    old log-probs chosen so that pi / pi_old = ratio."""
-    def tensor(values):
-        return torch.tensor(values if isinstance(values[0], list) else [values], dtype=torch.float64)
-
-    log_prob = tensor(log_prob).requires_grad_(True)
-    old = log_prob.detach() - torch.log(tensor(ratio))
-    return old, log_prob, tensor(advantages), tensor(mask)
-
-
-def run(mode, old, log_prob, advantages, mask, config, agg="token-mean", **agg_kwargs):
-    loss, metrics = POLICY_LOSSES.get(mode)(old, log_prob, advantages, mask, agg, config, **agg_kwargs)
-    loss.backward()
-    grad = log_prob.grad.tolist()
-    return loss.item(), {k: v.item() for k, v in metrics.items()}, grad[0] if len(grad) == 1 else grad
 
 
 def test_vanilla_asymmetric_and_dual_clip():
@@ -173,17 +156,19 @@ def test_kl_cov_penalises_the_top_covariance_tokens():
     assert metrics["pg_clipfrac"] == 0.25 and metrics["ppo_kl"] == pytest.approx(-0.1)
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "cispo", "clip_cov", "kl_cov", "gpg"])
+@pytest.mark.parametrize("mode", sorted(set(POLICY_LOSSES.names()) - {"bypass_mode"}))  # bypass: test_bypass_mode
 def test_every_loss_returns_detached_zero_dim_metrics_and_honours_agg_kwargs(mode):
-    config = cov_config(loss_mode=mode)
+    config = cov_config(loss_mode=mode, dro_beta=0.1)
     old, logp, a, m = inputs([-1.0, -2.0], ratio=[1.0, 1.0], advantages=[1, 1], mask=[1, 1])
     loss, metrics = POLICY_LOSSES.get(mode)(old, logp, a, m, "token-mean", config, num_tokens=4, num_seqs=2)
     assert set(metrics) == {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}
     assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
     assert loss.requires_grad and torch.isfinite(loss)
-    # ratio 1, A 1: per-token loss -1, summed -2 over 4 given tokens = -0.5 (gspo: token mean -1 over 2 given
-    # sequences = -0.5); gpg and cispo weigh -A * log pi = 1, 2 -> 3 / 4
-    assert loss.item() == pytest.approx({"gpg": 0.75, "cispo": 0.75}.get(mode, -0.5))
+    # ratio 1, A 1: per-token loss -1, summed -2 over 4 given tokens = -0.5 (geo_mean: sequence loss -1 over 2 given
+    # sequences = -0.5); gpg, cispo, dro and dppo weigh -A * log pi = 1, 2 -> 3 / 4; sapo's gate at r = 1 is
+    # 2 / tau_pos = 2: token mean -2 over 2 given sequences = -1
+    log_pi_modes = {"gpg", "cispo", "dro", "dppo_tv", "dppo_kl"}
+    assert loss.item() == pytest.approx(0.75 if mode in log_pi_modes else {"sapo": -1.0}.get(mode, -0.5))
 
 
 def test_unknown_policy_loss_lists_the_registered_ones():
