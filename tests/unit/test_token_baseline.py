@@ -91,9 +91,9 @@ def test_tir_aligns_responses_by_valid_token_index():
                                                         dtype=torch.float64), rtol=0, atol=1e-7)
 
 
-def test_tir_responses_without_tokens_are_not_group_members():
+def test_an_empty_response_leaves_its_peer_without_a_baseline():
     rewards, mask, old, spsq = tool_rows()
-    mask[1] = 0  # response 1 is empty: response 0 is alone in its group -> A = G
+    mask[1] = 0  # response 1 is empty: response 0 has no peer at any index -> A = G
     adv, _ = tir_optimal_token_baseline(rewards, mask, np.array(["a", "a"], dtype=object), old, spsq)
     torch.testing.assert_close(adv[0], torch.tensor([2.0, 0, 2.0, 2.0], dtype=torch.float64))
     assert torch.equal(adv[1], torch.zeros(4, dtype=torch.float64))

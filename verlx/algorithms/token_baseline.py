@@ -13,7 +13,9 @@ to compare with), and a group of one response gets A = G; both as veRL 0.9.1 doe
 other group estimators, which give 0 to a group of one: here the per-token rule already says "no peer, no
 baseline"). `optimal_token_baseline` aligns responses by position in the response tensor; the tool-integrated
 (multi-turn) `tir_optimal_token_baseline` aligns them by the index among their valid tokens, so tool output inside a
-response does not shift the comparison, and responses without valid tokens are not group members.
+response does not shift the comparison. (veRL's tir variant leaves responses without valid tokens out of the group;
+that never changes a result: such a response adds nothing to B, and a group of one plus empty responses is
+exactly the lone-tail case.)
 Returns are G_t on valid tokens, 0 elsewhere (veRL leaves G_t at masked positions; no critic reads them).
 """
 
@@ -33,16 +35,14 @@ def _group_sum(values: torch.Tensor, ids: torch.Tensor, num_groups: int) -> torc
                        device=values.device).index_add_(0, ids, values)
 
 
-def _baseline(returns, weights, mask, members, ids, num_groups) -> torch.Tensor:
-    """B_t per response [B, R] (rows aligned the way the caller wants), 0 for groups of one member and on the
-    lone tail of a group's unique longest member."""
-    member_rows = members.to(returns.dtype)[:, None]
-    numerator = _group_sum(returns * weights * mask * member_rows, ids, num_groups)
-    denominator = _group_sum(weights * mask * member_rows, ids, num_groups)
+def _baseline(returns, weights, mask, ids, num_groups) -> torch.Tensor:
+    """B_t per response [B, R] (rows aligned the way the caller wants), 0 for groups of one response and on the
+    lone tail of a group's unique longest response."""
+    numerator = _group_sum(returns * weights * mask, ids, num_groups)
+    denominator = _group_sum(weights * mask, ids, num_groups)
     baseline = numerator[ids] / (denominator[ids] + EPSILON)
-    count = _group_sum(members.to(returns.dtype), ids, num_groups)[ids]
-    lengths = torch.where(members, mask.sum(-1), torch.full_like(count, -torch.inf))
-    longest, best, runner_up = group_best_and_runner_up(lengths, ids, num_groups)
+    count = _group_sum(torch.ones_like(returns[:, 0]), ids, num_groups)[ids]
+    longest, best, runner_up = group_best_and_runner_up(mask.sum(-1), ids, num_groups)
     positions = torch.arange(returns.shape[-1], device=returns.device)[None, :]
     lone_tail = (longest & (best > runner_up))[:, None] & (positions >= runner_up[:, None])
     keep = (count >= 2)[:, None] & ~lone_tail
@@ -61,14 +61,12 @@ def _token_baseline(token_level_rewards, response_mask, index, old_log_probs, su
     if ids.shape[0] != returns.shape[0]:
         raise ValueError(f"group index has {ids.shape[0]} entries for {returns.shape[0]} samples")
     if not by_valid_index:
-        members = torch.ones_like(ids, dtype=torch.bool)
-        baseline = _baseline(returns, cumulative, mask, members, ids, num_groups)
+        baseline = _baseline(returns, cumulative, mask, ids, num_groups)
         return (returns - baseline) * mask, returns * mask
     order = pack_valid_left(response_mask)
     packed_mask = mask.gather(-1, order)
     packed_returns = returns.gather(-1, order) * packed_mask
-    baseline = _baseline(packed_returns, cumulative.gather(-1, order) * packed_mask, packed_mask,
-                         packed_mask.sum(-1) > 0, ids, num_groups)
+    baseline = _baseline(packed_returns, cumulative.gather(-1, order) * packed_mask, packed_mask, ids, num_groups)
     return unpack((packed_returns - baseline) * packed_mask, order), returns * mask
 
 
