@@ -219,8 +219,8 @@ def _discounted_returns(token_level_rewards, response_mask, gamma: float) -> tor
 @register_estimator("reinforce_plus_plus")
 def reinforce_plus_plus(token_level_rewards, response_mask, gamma: float = 1.0):
     """REINFORCE++ (Hu 2025): discounted returns G_t, advantages = G whitened over the batch's response tokens.
-    veRL restarts the return at every token outside the mask; here such tokens are skipped instead, which is the
-    same for ordinary responses (mask = one prefix) and keeps multi-turn rewards flowing to earlier turns."""
+    Tokens outside the mask (tool output in multi-turn) are skipped: the return flows past them to earlier turns
+    and their own rewards are not counted, as in veRL 0.9.1 (which carries the running return through them)."""
     valid = response_mask.to(token_level_rewards.dtype)
     returns = _discounted_returns(token_level_rewards, response_mask, gamma)
     return masked_whiten(returns, valid) * valid, returns

@@ -73,7 +73,9 @@ def agg_loss(
       seq-mean-token-sum       sum_i (sum_t l*m) / num_seqs
       seq-mean-token-mean      sum_i (sum_t l*m / sum_t m) / num_seqs
       seq-mean-token-sum-norm  sum_i (sum_t l*m / norm_length) / num_seqs      (Dr.GRPO; norm_length defaults
-                               to R = loss_mat.shape[-1]; pass a constant such as the max response length)
+                               to R = loss_mat.shape[-1]; pass a constant such as the max response length;
+                               veRL 0.9.1 divides by the sequence count too, and calls norm_length
+                               loss_scale_factor)
     Sequences without valid tokens add 0 and are not counted in the default num_seqs.
 
     Micro-batching: with num_tokens / num_seqs None this batch's own counts are used (a plain mean). To train on a
