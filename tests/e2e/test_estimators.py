@@ -30,6 +30,8 @@ def test_estimator_step(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path, 
         (tmp_path / "components.py").write_text(COMPONENT_REWARD)
         extra = [f"custom_reward_function.path={tmp_path / 'components.py'}", "algorithm.gdpo_reward_keys=[fmt,length]",
                  "algorithm.gdpo_reward_weights=[1.0,0.5]"]
+    if estimator == "optimal_token_baseline":  # decoupled rollout IS: its weights reach the estimator and the actor
+        extra = ["algorithm.rollout_correction.rollout_is=token"]
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, f"algorithm.adv_estimator={estimator}",
                       "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1",
                       "actor_rollout_ref.actor.entropy_coeff=0.01", *extra)
@@ -42,6 +44,8 @@ def test_estimator_step(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path, 
         assert "timing_s/gen_max" in row  # the extra greedy pass ran
     if estimator == "gae":
         assert "critic/vf_loss" in row
+    if estimator == "optimal_token_baseline":
+        assert "rollout_corr/rollout_is_mean" in row and "timing_s/old_log_prob" in row
 
 
 def test_grpo_with_gspo_and_token_sum_norm(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):

@@ -129,6 +129,9 @@ def test_dro_needs_a_positive_beta_and_preflight_says_so(beta):
 def test_preflight_evaluates_the_configured_loss_once():
     ok = build(PPOConfig, to_container(load_yaml(overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=sapo"])))
     assert policy_loss_problems(ok) == []
+    cold = build(PPOConfig, to_container(load_yaml(overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=sapo",
+                                                              "actor_rollout_ref.actor.tau_neg=0"])))
+    assert "tau_neg=0.0 must be > 0" in policy_loss_problems(cold)[0]
     bad = build(PPOConfig, to_container(load_yaml(overrides=["actor_rollout_ref.actor.clip_ratio_c=0.5"])))
     assert "clip_ratio_c=0.5 must be > 1" in policy_loss_problems(bad)[0]
 

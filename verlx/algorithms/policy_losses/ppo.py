@@ -87,6 +87,9 @@ def sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, confi
     and f'(1) = 1, so on-policy it is the policy gradient, and the gradient fades smoothly as r leaves 1.
     Always aggregated seq-mean-token-mean (loss_agg_mode is not used, as in veRL). No token is clipped:
     pg_clipfrac is 0."""
+    if not (config.tau_pos > 0 and config.tau_neg > 0):
+        raise ValueError(f"actor_rollout_ref.actor.tau_pos={config.tau_pos} and tau_neg={config.tau_neg} must be > 0 "
+                         "(SAPO's gate temperatures; the paper uses 1.0 and 1.05)")
     log_ratio, ratio = bounded_ratio(old_log_prob, log_prob)
     tau = torch.where(advantages > 0, torch.as_tensor(config.tau_pos, dtype=ratio.dtype, device=ratio.device),
                       torch.as_tensor(config.tau_neg, dtype=ratio.dtype, device=ratio.device))
