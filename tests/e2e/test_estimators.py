@@ -12,7 +12,11 @@ from verlx.config.loader import ConfigError
 from verlx.trainer.main_ppo import run_ppo
 
 ESTIMATORS = ["gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
-              "opo", "gpg"]
+              "opo", "gpg", "gdpo", "optimal_token_baseline", "tir_optimal_token_baseline"]
+# gdpo reads reward components: a reward function returning two that vary with the sampled text
+COMPONENT_REWARD = ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    fmt, length = float('=' in solution_str), (len(solution_str) % 5) / 4.0\n"
+                    "    return {'score': fmt + length, 'fmt': fmt, 'length': length}\n")
 
 
 def test_every_registered_estimator_is_covered():
@@ -21,9 +25,16 @@ def test_every_registered_estimator_is_covered():
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_estimator_step(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path, estimator):
+    extra = []
+    if estimator == "gdpo":
+        (tmp_path / "components.py").write_text(COMPONENT_REWARD)
+        extra = [f"custom_reward_function.path={tmp_path / 'components.py'}", "algorithm.gdpo_reward_keys=[fmt,length]",
+                 "algorithm.gdpo_reward_weights=[1.0,0.5]"]
+    if estimator == "optimal_token_baseline":  # decoupled rollout IS: its weights reach the estimator and the actor
+        extra = ["algorithm.rollout_correction.rollout_is=token"]
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, f"algorithm.adv_estimator={estimator}",
                       "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1",
-                      "actor_rollout_ref.actor.entropy_coeff=0.01")
+                      "actor_rollout_ref.actor.entropy_coeff=0.01", *extra)
     run_ppo(cfg)
     (row,) = read_metrics(tmp_path)
     for key in ("critic/advantages/mean", "critic/returns/mean", "actor/pg_loss", "actor/grad_norm"):
@@ -33,6 +44,8 @@ def test_estimator_step(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path, 
         assert "timing_s/gen_max" in row  # the extra greedy pass ran
     if estimator == "gae":
         assert "critic/vf_loss" in row
+    if estimator == "optimal_token_baseline":
+        assert "rollout_corr/rollout_is_mean" in row and "timing_s/old_log_prob" in row
 
 
 def test_grpo_with_gspo_and_token_sum_norm(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):
@@ -44,6 +57,35 @@ def test_grpo_with_gspo_and_token_sum_norm(ray_cpu, tiny_model_dir, arithmetic_d
     run_ppo(cfg)
     (row,) = read_metrics(tmp_path)
     assert math.isfinite(row["actor/pg_loss"])
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+def test_bypass_mode_skips_the_old_log_prob_pass(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path, loss_type):
+    cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo",
+                      "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1",
+                      "actor_rollout_ref.actor.entropy_coeff=0.01", "algorithm.rollout_correction.bypass_mode=true",
+                      f"algorithm.rollout_correction.loss_type={loss_type}",
+                      "algorithm.rollout_correction.rollout_is=token")
+    run_ppo(cfg)
+    (row,) = read_metrics(tmp_path)
+    assert "timing_s/old_log_prob" not in row and "actor/entropy" not in row  # the actor forward did not run
+    assert "actor/on_policy_log_prob_diff_max" not in row  # old_log_probs are the engine's: nothing to probe
+    # the correction ran in the actor's loss (current policy vs engine); the hf engine and the actor hold the same
+    # fp32 weights and the first mini-batch runs before any step, so the weights average close to 1
+    assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0
+    assert abs(row["rollout_corr/rollout_is_mean"] - 1) < 0.1 and "rollout_corr/kl" in row
+
+
+def test_new_losses_token_sum_and_straight_through_kl(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo",
+                      "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1",
+                      "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl",
+                      "actor_rollout_ref.actor.loss_agg_mode=token-sum", "actor_rollout_ref.actor.use_kl_loss=true",
+                      "actor_rollout_ref.actor.kl_loss_type=k3+", "actor_rollout_ref.actor.entropy_coeff=0.01",
+                      "actor_rollout_ref.actor.ppo_mini_batch_size=8")  # one optimizer step: actor == reference
+    run_ppo(cfg)
+    (row,) = read_metrics(tmp_path)
+    assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0 and row["actor/kl_loss"] == 0.0
 
 
 def test_dynamic_sampling_gives_up_with_the_numbers(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):

@@ -15,6 +15,7 @@ from verlx.algorithms.advantages import (
     estimator_needs_groups,
     uses_critic,
 )
+from verlx.config.loader import build, load_yaml, to_container
 from verlx.config.roles import CriticConfig
 from verlx.config.run import AlgorithmConfig
 from verlx.config.schema import PPOConfig
@@ -76,6 +77,46 @@ def test_grpo_passk_ties_at_the_top_go_to_the_first_row():
     rewards, mask = outcome_batch(scores=[0.0, 1.0, 0.0], lengths=[1, 1, 1])
     a, _ = adv.grpo_passk(rewards, mask, np.array([7, 7, 7]), norm_adv_by_std_in_grpo=False)
     assert per_sample(a, mask) == [0.0, 1.0, 0.0]  # best row 1: 1 - 0
+
+
+# GDPO components of the six samples: a = rows 0, 2, 5; b = rows 1, 4; c = row 3
+GDPO_COMPONENTS = {"fmt": [1.0, 1.0, 0.0, 1.0, 0.0, 1.0], "acc": [2.0, 0.0, 0.0, 5.0, 1.0, 1.0]}
+
+
+def test_gdpo_normalises_each_component_in_its_group_then_whitens_the_weighted_sum():
+    _, mask = outcome_batch()
+    components = {k: torch.tensor(v) for k, v in GDPO_COMPONENTS.items()}
+    a, returns = adv.gdpo(mask, UIDS, components, gdpo_reward_weights=[1.0, 0.5])
+    # fmt in a: 1, 0, 1 -> mean 2/3, std sqrt(1/3) -> 0.5773503, -1.1547005, 0.5773503; in b: 1, 0 -> +-0.7071068
+    # acc in a: 2, 0, 1 -> mean 1, std 1 -> 1, -1, 0; in b: 0, 1 -> -+0.7071068; c alone -> 0
+    # fmt + 0.5 acc per row: 1.0773503, 0.3535534, -1.6547005, 0, -0.3535534, 0.5773503, then whitened over the
+    # 13 response tokens (lengths 2, 1, 4, 3, 2, 1): mean -0.3261773, unbiased variance 1.0498954
+    expected = [1.3697709, 0.6633823, -1.2965705, 0.3183323, -0.0267177, 0.8817965]
+    assert per_sample(a, mask) == pytest.approx(expected, abs=1e-6)
+    torch.testing.assert_close(returns, a)
+
+
+def test_gdpo_reads_the_reward_columns_and_names_a_missing_one():
+    rewards, mask = outcome_batch()
+    data = DataProto({"token_level_rewards": rewards, "response_mask": mask},
+                     non_tensor_batch={"uid": UIDS, **{k: np.array(v) for k, v in GDPO_COMPONENTS.items()}})
+    config = AlgorithmConfig(adv_estimator="gdpo", gdpo_reward_keys=["fmt", "acc"], gdpo_reward_weights=[1.0, 0.5])
+    a = compute_advantage(data, config).batch["advantages"]
+    assert per_sample(a, mask)[0] == pytest.approx(1.3697709, abs=1e-6)
+    config.gdpo_reward_keys = ["fmt", "accuracy"]
+    with pytest.raises(ValueError, match=r"names 'accuracy', which the reward function did not return; its columns: "
+                                         r"\['acc', 'fmt', 'uid'\]"):
+        compute_advantage(data, config)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ([], "needs algorithm.gdpo_reward_keys"),
+    (["algorithm.gdpo_reward_keys=[a,b]", "algorithm.gdpo_reward_weights=[1]"], "has 1 entries for 2"),
+])
+def test_gdpo_config_problems(overrides, message):
+    cfg = build(PPOConfig, to_container(load_yaml(overrides=["algorithm.adv_estimator=gdpo", *overrides])))
+    problems = adv.estimator_problems(cfg)
+    assert len(problems) == 1 and message in problems[0], problems
 
 
 def test_rloo():
@@ -164,21 +205,28 @@ def test_remax():
     torch.testing.assert_close(a, torch.tensor([[0.6, 0.6, 0.6, 0.0], [-0.5, -0.5, 0.0, 0.0]]))
 
 
-@pytest.mark.parametrize("name", [n for n in ADV_ESTIMATORS if estimator_needs_groups(n)])
+@pytest.mark.parametrize("name", [n for n in ADV_ESTIMATORS if estimator_needs_groups(n)
+                                  and not ADV_ESTIMATORS.get(n).needs_sum_pi_squared])
 def test_groups_of_one_give_zero_not_nan(name):
+    # (the optimal token baseline gives A = G to a group of one, as veRL: tests/unit/test_token_baseline.py)
     rewards, mask = outcome_batch(scores=[1.0, 0.0, 3.0], lengths=[1, 2, 3])
     a, returns = ADV_ESTIMATORS.get(name)(token_level_rewards=rewards, response_mask=mask,
-                                          index=np.array(["x", "y", "z"], dtype=object))
+                                          index=np.array(["x", "y", "z"], dtype=object),
+                                          reward_components={"score": rewards.sum(-1)})
     assert torch.equal(a, torch.zeros_like(a)) and torch.isfinite(returns).all()
 
 
 def test_registry_flags():
     assert estimator_needs_critic("gae") and not estimator_needs_critic("grpo")
     assert {n for n in ADV_ESTIMATORS if estimator_needs_groups(n)} == {
-        "grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"}
+        "grpo", "grpo_passk", "gdpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline", "optimal_token_baseline",
+        "tir_optimal_token_baseline"}
     assert [n for n in ADV_ESTIMATORS if estimator_needs_greedy_baseline(n)] == ["remax"]
-    assert set(ADV_ESTIMATORS) == {"gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus",
-                                   "reinforce_plus_plus_baseline", "remax", "opo", "gpg"}
+    assert [n for n in ADV_ESTIMATORS if ADV_ESTIMATORS.get(n).needs_sum_pi_squared] == [
+        "optimal_token_baseline", "tir_optimal_token_baseline"]
+    assert set(ADV_ESTIMATORS) == {"gae", "grpo", "grpo_passk", "gdpo", "rloo", "reinforce_plus_plus",
+                                   "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "optimal_token_baseline",
+                                   "tir_optimal_token_baseline"}
 
 
 @pytest.mark.parametrize("fn", [estimator_needs_critic, estimator_needs_groups, estimator_needs_greedy_baseline])
@@ -186,7 +234,8 @@ def test_unknown_estimator_lists_the_registered_ones(fn):
     with pytest.raises(KeyError) as err:
         fn("grp0")
     message = str(err.value)
-    assert "algorithm.adv_estimator" in message and "gae, gpg, grpo" in message and "Did you mean 'grpo'" in message
+    assert "algorithm.adv_estimator" in message and "gae, gdpo, gpg, grpo" in message
+    assert "Did you mean 'grpo'" in message
 
 
 @pytest.mark.parametrize(("estimator", "enable", "expected"), [

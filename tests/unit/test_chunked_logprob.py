@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verlx.models.chunked_logprob import chunked_log_probs, full_logits_log_probs
+from verlx.models.chunked_logprob import chunked_log_probs, chunked_sum_pi_squared, full_logits_log_probs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -70,3 +70,17 @@ def test_chunked_full_kl_matches_dense_value_and_gradient():
     dense_grads = torch.autograd.grad((dense * weights).sum(), (h, w))
     for a, b in zip(grads, dense_grads):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_sum_pi_squared_hand_computed_and_against_the_full_softmax():
+    # logits (ln 3, 0): p = (0.75, 0.25) -> 0.625; at T = 2 the logits halve: p = (0.6339746, 0.3660254) -> 0.5358984
+    hidden = torch.tensor([[torch.log(torch.tensor(3.0)).item(), 0.0]], dtype=torch.float64)
+    assert chunked_sum_pi_squared(hidden, torch.eye(2, dtype=torch.float64)).item() == pytest.approx(0.625)
+    assert chunked_sum_pi_squared(hidden, torch.eye(2, dtype=torch.float64), temperature=2.0).item() == \
+        pytest.approx(0.5358984, abs=1e-7)
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, 7, 16, generator=g, dtype=torch.float64) * 4
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64)
+    reference = torch.softmax(hidden @ weight.t() / 0.7, dim=-1).square().sum(-1)
+    torch.testing.assert_close(chunked_sum_pi_squared(hidden, weight, 0.7, chunk_size=4), reference, rtol=0,
+                               atol=1e-12)

@@ -61,6 +61,8 @@ MASK = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
         ("seq-mean-token-sum-norm", {"norm_length": 10}, 1.45),  # (0.3 + 2.6) / 2
         ("token-mean", {"num_tokens": 10}, 2.9),  # 29 / 10
         ("seq-mean-token-sum", {"num_seqs": 4}, 7.25),  # 29 / 4
+        ("token-sum", {}, 29.0),  # 1+2 + 5+6+7+8, no normalisation
+        ("token-sum", {"num_tokens": 10, "num_seqs": 4, "dp_size": 4}, 116.0),  # counts ignored, x 4 ranks
     ],
 )
 def test_agg_loss_modes(mode, kwargs, expected):
@@ -117,7 +119,7 @@ def test_micro_batches_over_data_parallel_ranks_average_to_the_mini_batch_gradie
     rank_rows = [[(0, 3), (3, 4)], [(4, 6), (6, 8)]]
     for rows in rank_rows:
         rank_loss = sum(
-            agg_loss(loss[a:b], mask[a:b], mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=7)
+            agg_loss(loss[a:b], mask[a:b], mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=7, dp_size=dp)
             for a, b in rows
         )
         (rank_loss / dp).backward()  # the all-reduce average of the two ranks' gradients

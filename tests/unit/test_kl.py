@@ -56,6 +56,35 @@ def test_low_var_kl_gradient():
     assert logp.grad.tolist() == pytest.approx([0.3934693, -1.7182818, 0.0], abs=1e-7)
 
 
+@pytest.mark.parametrize(
+    "names,value",
+    [
+        (("kl+", "k1+"), [0.5, -1.0]),
+        (("abs+",), [0.5, 1.0]),
+        (("low_var_kl+", "k3+"), [0.1065307, 0.7182818]),
+        (("mse+", "k2+"), [0.125, 0.5]),
+    ],
+)
+def test_straight_through_variants_keep_the_value_and_take_the_k2_gradient(names, value):
+    for name in names:
+        logp = LOGP.clone().requires_grad_(True)
+        out = kl_penalty(logp, REF, name)
+        out.sum().backward()
+        assert out[0].tolist() == pytest.approx(value, abs=1e-7)
+        # d/dlogp of k2 = 0.5 (logp - ref)^2 is logp - ref = 0.5, -1.0 (k1's would be 1, 1; k3's 0.3934693, -1.7182818)
+        assert logp.grad[0].tolist() == pytest.approx([0.5, -1.0])
+
+
+def test_straight_through_in_the_reward_changes_nothing():
+    scores = torch.zeros(1, 2)
+    data = DataProto({"token_level_scores": scores, "old_log_probs": LOGP.float(), "ref_log_prob": REF.float(),
+                      "response_mask": torch.ones(1, 2)})
+    plain, _ = apply_kl_penalty(data, FixedKLController(0.1), "k3")
+    expected = plain.batch["token_level_rewards"].clone()
+    through, _ = apply_kl_penalty(data, FixedKLController(0.1), "k3+")
+    assert torch.equal(through.batch["token_level_rewards"], expected)
+
+
 def test_full_kl_from_logits():
     # p = softmax(0, 0) = (0.5, 0.5), q = softmax(ln 3, 0) = (0.75, 0.25)
     # KL = 0.5 ln(0.5/0.75) + 0.5 ln(0.5/0.25) = 0.5 ln(4/3) = 0.1438410
@@ -95,8 +124,9 @@ def test_full_penalty_needs_the_full_kl():
 def test_unknown_kl_penalty_lists_the_registered_ones():
     with pytest.raises(KeyError) as err:
         kl_penalty(LOGP, REF, "low_var")
-    assert "abs, full, k1, k2, k3, kl, low_var_kl, mse" in str(err.value)
-    assert set(KL_PENALTIES) == {"abs", "full", "k1", "k2", "k3", "kl", "low_var_kl", "mse"}
+    assert "abs, abs+, full, k1, k1+, k2, k2+, k3, k3+, kl, kl+, low_var_kl, low_var_kl+, mse, mse+" in str(err.value)
+    assert set(KL_PENALTIES) == {"abs", "full", "k1", "k2", "k3", "kl", "low_var_kl", "mse", "abs+", "k1+", "k2+",
+                                 "k3+", "kl+", "low_var_kl+", "mse+"}
 
 
 def test_controllers():

@@ -44,16 +44,19 @@ def _worker(rank: int, tmp: str) -> None:
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     aligned = align_batch(ids, mask, response_length=6)
     with torch.no_grad():
-        lp, ent = chunks[0].log_probs(chunks[0](aligned.input_ids), aligned, 0.8, 4, True)
-        ref, ref_ent = PolicyModel(hf.eval())(ids, mask, pos, response_length=6, temperature=0.8, with_entropy=True)
+        hidden = chunks[0](aligned.input_ids)
+        lp, ent = chunks[0].log_probs(hidden, aligned, 0.8, 4, True)
+        spsq = chunks[0].sum_pi_squared(hidden, aligned, 0.8, 4)
+        ref, ref_ent, ref_spsq = PolicyModel(hf.eval())(ids, mask, pos, response_length=6, temperature=0.8,
+                                                        with_entropy=True, with_sum_pi_squared=True)
     valid = mask[:, 6:].bool()
     # what megatron's finalize_model_grads all-reduces between the first and last stage when PP > 1
     from megatron.core.distributed.finalize_model_grads import _get_shared_word_embedding_weight
 
     shared = _get_shared_word_embedding_weight(chunks[0], chunks[0].config)
     tied = shared is chunks[0].gpt.embedding.word_embeddings.weight
-    torch.save({"dlogp": (lp - ref).abs()[valid].max(), "dent": (ent - ref_ent).abs()[valid].max(), "tied": tied},
-               os.path.join(tmp, "out.pt"))
+    torch.save({"dlogp": (lp - ref).abs()[valid].max(), "dent": (ent - ref_ent).abs()[valid].max(), "tied": tied,
+                "dspsq": (spsq - ref_spsq).abs()[valid].max()}, os.path.join(tmp, "out.pt"))
     dist.destroy_process_group()
 
 
@@ -62,5 +65,5 @@ def test_megatron_chunk_matches_hf_log_probs():
         mp.spawn(_worker, args=(tmp,), nprocs=1)
         out = torch.load(os.path.join(tmp, "out.pt"))
     # Qwen3: GQA, q/k norm, head_dim 16 ≠ 64/4, tied embeddings; fp32 on CPU agrees to rounding
-    assert out["dlogp"] < 1e-5 and out["dent"] < 1e-5
+    assert out["dlogp"] < 1e-5 and out["dent"] < 1e-5 and out["dspsq"] < 1e-6
     assert out["tied"]  # the chunk exposes its tied embedding to megatron's gradient finalisation

@@ -127,6 +127,22 @@ def test_policy_packed_equals_padded(family):
     _assert_same_grads(g_a, g_b)
 
 
+def test_policy_sum_pi_squared_equals_the_full_softmax_padded_and_packed():
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(_config("qwen2")).float()
+    ids, mask, pos, resp = _batch()
+    rmask = mask[:, -resp:].bool()
+    with torch.no_grad():
+        logits = hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -resp - 1:-1] / 0.7
+        reference = torch.softmax(logits.double(), dim=-1).square().sum(-1)
+        for model in (PolicyModel(hf), PolicyModel(copy.deepcopy(hf), packed=True)):
+            lp, ent, spsq = model(ids, mask, pos, resp, temperature=0.7, chunk_size=5, with_sum_pi_squared=True)
+            assert ent is None and lp.shape == spsq.shape
+            torch.testing.assert_close(spsq[rmask].double(), reference[rmask], rtol=0, atol=1e-6)
+
+
 def test_value_model_packed_equals_padded():
     from transformers import AutoModel
 

@@ -7,26 +7,9 @@ import math
 import pytest
 import torch
 
+from helpers.policy_loss_cases import inputs, run
 from verlx.algorithms.policy_losses import POLICY_LOSSES
 from verlx.config.roles import ActorConfig, PolicyLossConfig
-
-
-def inputs(log_prob, ratio, advantages, mask):
-    """[B, R] tensors from rows (one flat list = one row): current log-probs (a leaf that records gradients) and
-    old log-probs chosen so that pi / pi_old = ratio."""
-    def tensor(values):
-        return torch.tensor(values if isinstance(values[0], list) else [values], dtype=torch.float64)
-
-    log_prob = tensor(log_prob).requires_grad_(True)
-    old = log_prob.detach() - torch.log(tensor(ratio))
-    return old, log_prob, tensor(advantages), tensor(mask)
-
-
-def run(mode, old, log_prob, advantages, mask, config, agg="token-mean", **agg_kwargs):
-    loss, metrics = POLICY_LOSSES.get(mode)(old, log_prob, advantages, mask, agg, config, **agg_kwargs)
-    loss.backward()
-    grad = log_prob.grad.tolist()
-    return loss.item(), {k: v.item() for k, v in metrics.items()}, grad[0] if len(grad) == 1 else grad
 
 
 def test_vanilla_asymmetric_and_dual_clip():
@@ -70,11 +53,11 @@ def test_gspo_sequence_ratio_and_stop_gradient():
         advantages=[[1, 1, 1], [-1, -1, -1], [1, 1, 1]],
         mask=[[1, 1, 0], [1, 1, 1], [1, 1, 0]],
     )
-    loss, metrics, grad = run("gspo", old, logp, a, m, config, agg="token-mean")
+    loss, metrics, grad = run("gspo", old, logp, a, m, config, agg="seq-mean-token-mean")
     # sequence ratios s = exp(mean log ratio): seq0 exp(0.2/2) = 1.105171 (inside [0.8, 1.28]),
     #   seq1 exp((0.1 - 0.3 + 0.2)/3) = 1, seq2 exp(ln 2) = 2 -> clipped to 1.28
     # per-token loss -A*s: seq0 -1.105171, seq1 +1, seq2 max(-2, -1.28) = -1.28
-    # seq-mean-token-mean whatever loss_agg_mode says: (-1.105171 + 1 - 1.28) / 3
+    # seq-mean-token-mean (the paper's aggregation): (-1.105171 + 1 - 1.28) / 3
     assert loss == pytest.approx(-0.4617236, abs=1e-7)
     # gradient of every token of sequence i: -A_i * s_i / (|y_i| * 3 sequences), same for all its tokens
     #   seq0: -1.105171 / 6 = -0.184195 on both tokens (a token-level ratio would give -e^0.2/6 and -1/6)
@@ -85,6 +68,19 @@ def test_gspo_sequence_ratio_and_stop_gradient():
     # ppo_kl = -(0.2 + 0 + 0.1 - 0.3 + 0.2 + 2 ln 2) / 7
     assert metrics["ppo_kl"] == pytest.approx(-0.2266135, abs=1e-7)
     assert metrics["pg_clipfrac_lower"] == 0.0
+
+
+def test_gspo_honours_loss_agg_mode_as_verl_0_9_1():
+    config = ActorConfig(clip_ratio=0.2, clip_ratio_high=0.28)
+    old, logp, a, m = inputs(
+        [[-1.0, -2.0, -3.0], [-1.0, -1.5, -0.5], [-2.0, -2.0, -9.0]],
+        ratio=[[math.exp(0.2), 1.0, 1.0], [math.exp(0.1), math.exp(-0.3), math.exp(0.2)], [2.0, 2.0, 7.0]],
+        advantages=[[1, 1, 1], [-1, -1, -1], [1, 1, 1]],
+        mask=[[1, 1, 0], [1, 1, 1], [1, 1, 0]],
+    )
+    loss, _, _ = run("gspo", old, logp, a, m, config, agg="token-mean")
+    # the same per-token losses averaged over the 7 tokens: (2 * -1.105171 + 3 * 1 + 2 * -1.28) / 7
+    assert loss == pytest.approx(-0.2529060, abs=1e-7)
 
 
 def test_cispo_gradient_flows_through_log_prob_only():
@@ -160,17 +156,19 @@ def test_kl_cov_penalises_the_top_covariance_tokens():
     assert metrics["pg_clipfrac"] == 0.25 and metrics["ppo_kl"] == pytest.approx(-0.1)
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "cispo", "clip_cov", "kl_cov", "gpg"])
+@pytest.mark.parametrize("mode", sorted(set(POLICY_LOSSES.names()) - {"bypass_mode"}))  # bypass: test_bypass_mode
 def test_every_loss_returns_detached_zero_dim_metrics_and_honours_agg_kwargs(mode):
-    config = cov_config(loss_mode=mode)
+    config = cov_config(loss_mode=mode, dro_beta=0.1)
     old, logp, a, m = inputs([-1.0, -2.0], ratio=[1.0, 1.0], advantages=[1, 1], mask=[1, 1])
     loss, metrics = POLICY_LOSSES.get(mode)(old, logp, a, m, "token-mean", config, num_tokens=4, num_seqs=2)
     assert set(metrics) == {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}
     assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
     assert loss.requires_grad and torch.isfinite(loss)
-    # ratio 1, A 1: per-token loss -1, summed -2 over 4 given tokens = -0.5 (gspo: token mean -1 over 2 given
-    # sequences = -0.5); gpg and cispo weigh -A * log pi = 1, 2 -> 3 / 4
-    assert loss.item() == pytest.approx({"gpg": 0.75, "cispo": 0.75}.get(mode, -0.5))
+    # ratio 1, A 1: per-token loss -1, summed -2 over 4 given tokens = -0.5 (geo_mean: sequence loss -1 over 2 given
+    # sequences = -0.5); gpg, cispo, dro and dppo weigh -A * log pi = 1, 2 -> 3 / 4; sapo's gate at r = 1 is
+    # 2 / tau_pos = 2: token mean -2 over 2 given sequences = -1
+    log_pi_modes = {"gpg", "cispo", "dro", "dppo_tv", "dppo_kl"}
+    assert loss.item() == pytest.approx(0.75 if mode in log_pi_modes else {"sapo": -1.0}.get(mode, -0.5))
 
 
 def test_unknown_policy_loss_lists_the_registered_ones():
@@ -178,4 +176,5 @@ def test_unknown_policy_loss_lists_the_registered_ones():
         POLICY_LOSSES.get("vanila")
     message = str(err.value)
     assert "actor_rollout_ref.actor.policy_loss.loss_mode" in message
-    assert "cispo, clip_cov, gpg, gspo, kl_cov, vanilla" in message and "Did you mean 'vanilla'" in message
+    assert ("bypass_mode, cispo, clip_cov, dppo_kl, dppo_tv, dro, geo_mean, gpg, gspo, kl_cov, sapo, vanilla" in message
+            and "Did you mean 'vanilla'" in message)

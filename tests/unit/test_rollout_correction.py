@@ -101,6 +101,14 @@ def test_offpolicy_metrics_and_the_batch_entry_point():
     assert close(m["rollout_corr/chi2_token"], (0.25 + 1 + 9 + 2.25 + 16) / 5 - 1)
     k3 = sum(r - 1 - math.log(r) for r in (0.5, 1.0, 3.0, 1.5, 4.0)) / 5
     assert close(m["rollout_corr/k3_kl"], k3)
+    # per response: mean log pi_rollout - mean log pi_old = -mean log r (veRL's sign): -ln(1.5)/3 and -ln(6)/2
+    diffs = [-math.log(1.5) / 3, -math.log(6.0) / 2]
+    assert close(m["rollout_corr/log_ppl_diff"], sum(diffs) / 2)
+    assert close(m["rollout_corr/log_ppl_diff_max"], diffs[0]) and close(m["rollout_corr/log_ppl_diff_min"], diffs[1])
+    assert close(m["rollout_corr/log_ppl_abs_diff"], -sum(diffs) / 2)
+    assert close(m["rollout_corr/ppl_ratio"], (1.5 ** (-1 / 3) + 6 ** -0.5) / 2)  # training ppl / rollout ppl
+    assert close(m["rollout_corr/training_log_ppl"] - m["rollout_corr/rollout_log_ppl"], sum(diffs) / 2)
+    assert close(m["rollout_corr/chi2_seq"], (1.5 ** 2 + 6.0 ** 2) / 2 - 1)  # products of the ratios, squared
     assert close(m["rollout_corr/rollout_is_mean"], 1.4) and close(m["rollout_corr/rollout_rs_masked_fraction"], 0.6)
     assert out.mask.tolist() == [[0, 1, 0], [1, 0, 0]]
     assert close(out.weights, [[0.5, 1.0, 2.0], [1.5, 2.0, 0.0]])

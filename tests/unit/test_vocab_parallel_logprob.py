@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from verlx.models.chunked_logprob import full_logits_log_probs
-from verlx.models.vocab_parallel_logprob import vocab_parallel_log_probs
+from verlx.models.vocab_parallel_logprob import vocab_parallel_log_probs, vocab_parallel_sum_pi_squared
 
 V, H, N, TP = 11, 6, 7, 2  # 11 rows → padded to 12: rank 1 holds one padding row
 
@@ -34,7 +34,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     logp, ent = vocab_parallel_log_probs(h, shard, targets, rank * rows, V, temperature=0.7, chunk_size=3,
                                          with_entropy=True, group=dist.group.WORLD)
     (logp * torch.arange(1, N + 1) + 0.3 * ent).sum().backward()
-    torch.save({"logp": logp.detach(), "ent": ent.detach(), "gh": h.grad, "gw": shard.grad},
+    spsq = vocab_parallel_sum_pi_squared(hidden, shard.detach(), rank * rows, V, temperature=0.7, chunk_size=3,
+                                         group=dist.group.WORLD)
+    torch.save({"logp": logp.detach(), "ent": ent.detach(), "gh": h.grad, "gw": shard.grad, "spsq": spsq},
                os.path.join(out_dir, f"r{rank}.pt"))
     dist.destroy_process_group()
 
@@ -48,7 +50,9 @@ def test_matches_full_vocabulary_reference():
     w = weight.clone().requires_grad_(True)
     ref_logp, ref_ent = full_logits_log_probs(h, w, targets, temperature=0.7, with_entropy=True)
     (ref_logp * torch.arange(1, N + 1) + 0.3 * ref_ent).sum().backward()
+    ref_spsq = torch.softmax(hidden @ weight.t() / 0.7, dim=-1).square().sum(-1)  # the padding rows not included
     for p in parts:
+        torch.testing.assert_close(p["spsq"], ref_spsq, rtol=0, atol=1e-12)
         torch.testing.assert_close(p["logp"], ref_logp.detach(), rtol=0, atol=1e-12)
         torch.testing.assert_close(p["ent"], ref_ent.detach(), rtol=0, atol=1e-12)
     # hidden gradients are per-rank partial sums (the TP region op adds them); weight gradients are per shard

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def _nonzero_or_one(count: torch.Tensor) -> torch.Tensor:
@@ -62,16 +62,20 @@ def agg_loss(
     num_tokens: torch.Tensor | float | None = None,
     num_seqs: torch.Tensor | float | None = None,
     norm_length: float | None = None,
+    dp_size: int | torch.Tensor = 1,
     weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a [B, R] per-token loss to a scalar.
 
     Modes (l = loss, m = mask, i = sequence, t = token):
       token-mean               sum_it l*m / num_tokens
+      token-sum                sum_it l*m * dp_size                           (no normalisation at all)
       seq-mean-token-sum       sum_i (sum_t l*m) / num_seqs
       seq-mean-token-mean      sum_i (sum_t l*m / sum_t m) / num_seqs
       seq-mean-token-sum-norm  sum_i (sum_t l*m / norm_length) / num_seqs      (Dr.GRPO; norm_length defaults
-                               to R = loss_mat.shape[-1]; pass a constant such as the max response length)
+                               to R = loss_mat.shape[-1]; pass a constant such as the max response length;
+                               veRL 0.9.1 divides by the sequence count too, and calls norm_length
+                               loss_scale_factor)
     Sequences without valid tokens add 0 and are not counted in the default num_seqs.
 
     Micro-batching: with num_tokens / num_seqs None this batch's own counts are used (a plain mean). To train on a
@@ -81,6 +85,8 @@ def agg_loss(
     (agg_loss_counts gives one batch's counts.) Then the sum of the returned losses over a rank's micro-batches,
     averaged over ranks as FSDP averages gradients, is exactly the mini-batch loss. If gradients are summed over
     ranks instead, pass the undivided totals. For seq-mean-token-sum-norm every call must use the same norm_length.
+    token-sum has no count to divide by: each rank's sum is multiplied by `dp_size` (the number of data-parallel
+    ranks whose gradients the backend averages), so the averaged gradient is that of the sum over all ranks.
 
     `weights` [B, R] (rollout-correction IS weights, algorithms/rollout_correction.py) multiply each token's loss
     before the reduction; the counts are not weighted. None leaves the loss untouched.
@@ -93,6 +99,8 @@ def agg_loss(
         if num_tokens is None:
             num_tokens = mask.sum()
         return total / _normaliser(num_tokens, total)
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, mask) * dp_size
     seq_tokens = mask.sum(dim=-1)
     seq_sums = masked_sum(loss_mat, mask, dim=-1)
     if loss_agg_mode == "seq-mean-token-sum":

@@ -6,6 +6,10 @@ Estimators (Schulman, "Approximating KL divergence", 2020; log r = log pi - log 
   mse / k2     0.5 (log r)^2                  biased, low variance
   low_var_kl/k3  exp(-log r) + log r - 1      unbiased, >= 0, low variance; clamped to [-10, 10]
   full         sum_v p_v (log p_v - log q_v)  exact per-token KL from both full distributions
+
+A trailing "+" (kl+, k1+, abs+, low_var_kl+, k3+; mse+ / k2+ are k2 itself) is veRL's straight-through variant: the
+value is the named estimator's, the gradient is k2's, (log r) d log pi, whose expectation is the gradient of
+KL(pi || pi_ref) under samples from pi, which k1's and k3's gradients are not.
 """
 
 from __future__ import annotations
@@ -59,6 +63,21 @@ _register(("abs",), KLPenalty(_abs))
 _register(("mse", "k2"), KLPenalty(_k2))
 _register(("low_var_kl", "k3"), KLPenalty(_k3))
 _register(("full",), KLPenalty(None, needs_full_distribution=True))
+
+
+def _straight_through(value_fn):
+    """value_fn's value with k2's gradient: k2 - sg(k2) + sg(value)."""
+    def estimate(logprob, ref_logprob):
+        k2 = _k2(logprob, ref_logprob)
+        return k2 - k2.detach() + value_fn(logprob, ref_logprob).detach()
+
+    return estimate
+
+
+_register(("kl+", "k1+"), KLPenalty(_straight_through(_k1)))
+_register(("abs+",), KLPenalty(_straight_through(_abs)))
+_register(("mse+", "k2+"), KLPenalty(_k2))
+_register(("low_var_kl+", "k3+"), KLPenalty(_straight_through(_k3)))
 
 
 def kl_needs_full_distribution(kind: str) -> bool:

@@ -15,6 +15,11 @@ Everything starts from the per-token log ratio log r = log π_old − log π_rol
   ratios inside [lower, upper] (`rollout_rs_threshold` "lower_upper", or one number x meaning [1/x, x]); k2/k3
   options keep statistics ≤ the threshold.
 
+* Bypass mode (`bypass_mode`, veRL's): the trainer skips recomputing π_old and uses π_rollout as old_log_probs;
+  the actor's loss is then `loss_type` (BYPASS_LOSS_TYPES: `ppo_clip`, or `reinforce` with IS weights), with the
+  weights and rejection above computed per micro-batch between the current policy and π_rollout
+  (algorithms/policy_losses/bypass.py).
+
 Metrics use veRL's names under `rollout_corr/`; the off-policy diagnostics (kl, k3_kl, perplexities, chi²) are
 logged whenever the engine returned log-probs, even with correction off.
 """
@@ -147,6 +152,13 @@ def _parse_bounds(option: str, entry: str, key: str) -> Bounds:
     return Bounds(lower, upper)
 
 
+# ---------------------------------------------------------------------- bypass mode
+# algorithm.rollout_correction.loss_type: the policy loss of bypass mode (algorithms/policy_losses/bypass.py)
+BYPASS_LOSS_TYPES: Registry[Callable] = Registry("bypass-mode loss type", f"{KEY}.loss_type")
+BYPASS_LOSS_TYPES.register_lazy("ppo_clip", "verlx.algorithms.policy_losses.bypass:ppo_clip")
+BYPASS_LOSS_TYPES.register_lazy("reinforce", "verlx.algorithms.policy_losses.bypass:reinforce")
+
+
 # ---------------------------------------------------------------------- the computation
 def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold: float,
                batch_normalize: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -201,25 +213,37 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor,
 
 def offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
                       mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """How far π_rollout is from π_old on the sampled tokens (veRL's off-policy diagnostics)."""
-    log_ratio = (old_log_prob - rollout_log_prob).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    """How far π_rollout is from π_old on the sampled tokens (veRL's off-policy diagnostics; docs/async.md says
+    where the definitions differ). Per-response statistics average over responses with at least one token."""
+    log_ratio = old_log_prob - rollout_log_prob
+    bounded = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     responses = mask.sum(-1) > 0
     training_log_ppl = -masked_mean(old_log_prob, mask, dim=-1)
     rollout_log_ppl = -masked_mean(rollout_log_prob, mask, dim=-1)
-    diff = rollout_log_ppl - training_log_ppl
+    diff = training_log_ppl - rollout_log_ppl  # = mean log π_rollout − mean log π_old, per response
     seq_log_ratio = masked_sum(log_ratio, mask, dim=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     return {
         "kl": masked_mean(rollout_log_prob - old_log_prob, mask),
-        "k3_kl": masked_mean(torch.exp(log_ratio) - log_ratio - 1.0, mask),
+        "k3_kl": masked_mean(torch.exp(bounded) - bounded - 1.0, mask),
         "training_log_ppl": masked_mean(training_log_ppl, responses),
         "rollout_log_ppl": masked_mean(rollout_log_ppl, responses),
         "training_ppl": masked_mean(torch.exp(training_log_ppl), responses),
         "rollout_ppl": masked_mean(torch.exp(rollout_log_ppl), responses),
         "log_ppl_diff": masked_mean(diff, responses),
         "log_ppl_abs_diff": masked_mean(diff.abs(), responses),
-        "chi2_token": masked_mean(torch.exp(2 * log_ratio), mask) - 1.0,
+        "log_ppl_diff_max": _extreme(diff, responses, torch.amax),
+        "log_ppl_diff_min": _extreme(diff, responses, torch.amin),
+        "ppl_ratio": masked_mean(torch.exp(diff.clamp(-SAFETY_BOUND, SAFETY_BOUND)), responses),
+        "chi2_token": masked_mean(torch.exp(2 * bounded), mask) - 1.0,
         "chi2_seq": masked_mean(torch.exp(2 * seq_log_ratio), responses) - 1.0,
     }
+
+
+def _extreme(values: torch.Tensor, keep: torch.Tensor, reduce) -> torch.Tensor:
+    """max or min of `values` where `keep` (0 when nothing is kept), without a host sync."""
+    fill = -torch.inf if reduce is torch.amax else torch.inf
+    out = reduce(torch.where(keep, values, torch.full_like(values, fill)))
+    return torch.where(torch.isinf(out), torch.zeros_like(out), out)
 
 
 @dataclass
@@ -232,9 +256,10 @@ class Correction:
     metrics: dict[str, float]
 
 
-def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-                       cfg) -> Correction:
-    """IS weights, rejection mask and metrics of one batch under `cfg` (RolloutCorrectionConfig)."""
+def correction_tensors(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                       cfg) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """(IS weights or None, rejection keep-mask or None, metrics as 0-dim tensors) under `cfg`
+    (RolloutCorrectionConfig), without a host sync: bypass mode calls it in every micro-batch."""
     log_ratio = old_log_prob - rollout_log_prob
     metrics = offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask)
     weights = mask = None
@@ -247,6 +272,13 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
         mask, rs_metrics = rejection_mask(log_ratio, response_mask,
                                           parse_rs_thresholds(options, cfg.rollout_rs_threshold))
         metrics.update(rs_metrics)
+    return weights, mask, metrics
+
+
+def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                       cfg) -> Correction:
+    """IS weights, rejection mask and metrics of one batch under `cfg` (RolloutCorrectionConfig)."""
+    weights, mask, metrics = correction_tensors(old_log_prob, rollout_log_prob, response_mask, cfg)
     names = list(metrics)
     values = torch.stack([metrics[k].detach().double().reshape(()) for k in names]).cpu().tolist()
     return Correction(weights, mask, {f"rollout_corr/{k}": v for k, v in zip(names, values)})
@@ -276,8 +308,19 @@ def rollout_correction_problems(cfg) -> list[str]:
             parse_rs_thresholds(options, rc.rollout_rs_threshold)
         except ValueError as e:
             problems.append(str(e))
-    enabled = rc.rollout_is is not None or bool(options)
+    enabled = rc.rollout_is is not None or bool(options) or rc.bypass_mode
     if enabled and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         problems.append(f"{KEY} needs the engine's log-probs of the sampled tokens; set "
                         "actor_rollout_ref.rollout.calculate_log_probs=true")
+    return problems + _bypass_problems(cfg)
+
+
+def _bypass_problems(cfg) -> list[str]:
+    rc = cfg.algorithm.rollout_correction
+    problems = []
+    if rc.loss_type not in BYPASS_LOSS_TYPES:
+        try:
+            BYPASS_LOSS_TYPES.get(rc.loss_type)
+        except KeyError as e:
+            problems.append(str(e))
     return problems

@@ -88,6 +88,8 @@ class RolloutCorrectionConfig:
     rollout_is_batch_normalize: bool = False
     rollout_rs: str | None = None
     rollout_rs_threshold: str | float | None = None
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
 
 
 @dataclass
@@ -96,6 +98,8 @@ class AlgorithmConfig:
     lam: float = 1.0
     adv_estimator: str = "gae"
     norm_adv_by_std_in_grpo: bool = True
+    gdpo_reward_keys: list[str] | None = None
+    gdpo_reward_weights: list[float] | None = None
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)

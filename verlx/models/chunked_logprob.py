@@ -182,6 +182,22 @@ def chunked_log_probs(
     return logp, (entropy if with_entropy else None)
 
 
+@torch.no_grad()
+def chunked_sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, temperature: float = 1.0,
+                           chunk_size: int = 1024) -> torch.Tensor:
+    """sum_v softmax(h Wᵀ / T)_v² per token, [..., H] → [...] (fp32; fp64 for fp64 inputs), a chunk of tokens at a
+    time: exp(logsumexp(2z) - 2 logsumexp(z)). No gradient: the optimal token baseline reads it as data."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    out = torch.empty(flat.shape[0], device=hidden.device,
+                      dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32)
+    for start in range(0, flat.shape[0], chunk_size):
+        z = _scaled_logits(flat[start:start + chunk_size], weight, temperature)
+        out[start:start + chunk_size] = torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+    return out.reshape(hidden.shape[:-1])
+
+
 def full_logits_log_probs(hidden, weight, targets, temperature: float = 1.0, with_entropy: bool = False):
     """The plain reference: materialise all logits (used by tests and the memory benchmark)."""
     z = torch.matmul(hidden, weight.t())

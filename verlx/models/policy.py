@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from verlx.models.attention import packed_attention_kwargs, use_packed_attention
-from verlx.models.chunked_logprob import chunked_full_kl, chunked_log_probs
+from verlx.models.chunked_logprob import chunked_full_kl, chunked_log_probs, chunked_sum_pi_squared
 from verlx.models.packing import ResponseRows, pack_batch
 
 
@@ -83,11 +83,13 @@ class PolicyModel(nn.Module):
         with_entropy: bool = False,
         kl_reference: tuple[torch.Tensor, torch.Tensor] | None = None,
         return_response_hidden: bool = False,
+        with_sum_pi_squared: bool = False,
     ):
         """(log_probs, entropy) of the response tokens, [B, R] each; plus the exact per-token KL to `kl_reference`
-        (the reference's response hidden states [B, R, H] and output weight) when given. With
-        return_response_hidden, returns instead this model's (response hidden states [B, R, H], output weight),
-        detached copies, for use as another model's kl_reference. Packed: zeros where the response is padding."""
+        (the reference's response hidden states [B, R, H] and output weight) when given; plus, last, sum_v pi_v^2
+        per token (no gradient) with with_sum_pi_squared. With return_response_hidden, returns instead this model's
+        (response hidden states [B, R, H], output weight), detached copies, for use as another model's
+        kl_reference. Packed: zeros where the response is padding."""
         rows = response_rows(self.hf_model.get_decoder(), input_ids, attention_mask, position_ids, response_length,
                              self.packed, self.sp_group)
         weight = self.hf_model.get_output_embeddings().weight
@@ -97,12 +99,15 @@ class PolicyModel(nn.Module):
                                                with_entropy, compiled=self.compiled)
         log_probs = _owned(rows.assemble(log_probs))
         entropy = _owned(rows.assemble(entropy)) if entropy is not None else None
-        if kl_reference is None:
-            return log_probs, entropy
-        ref_hidden, ref_weight = kl_reference
-        full_kl = chunked_full_kl(rows.hidden, weight, rows.select(ref_hidden), ref_weight, temperature=temperature,
-                                  chunk_size=chunk_size)
-        return log_probs, entropy, _owned(rows.assemble(full_kl))
+        outputs = (log_probs, entropy)
+        if kl_reference is not None:
+            ref_hidden, ref_weight = kl_reference
+            full_kl = chunked_full_kl(rows.hidden, weight, rows.select(ref_hidden), ref_weight,
+                                      temperature=temperature, chunk_size=chunk_size)
+            outputs += (_owned(rows.assemble(full_kl)),)
+        if with_sum_pi_squared:
+            outputs += (rows.assemble(chunked_sum_pi_squared(rows.hidden, weight, temperature, chunk_size)),)
+        return outputs
 
 
 class ValueModel(nn.Module):

@@ -127,3 +127,25 @@ def vocab_parallel_log_probs(
     logp, entropy = _VocabParallelLogProb.apply(flat_h, weight_shard, flat_t, int(vocab_start), int(valid_cols),
                                                 float(temperature), int(chunk_size), bool(with_entropy), group)
     return logp.view(shape), (entropy.view(shape) if with_entropy else None)
+
+
+@torch.no_grad()
+def vocab_parallel_sum_pi_squared(hidden: torch.Tensor, weight_shard: torch.Tensor, vocab_start: int, vocab_size: int,
+                                  temperature: float = 1.0, chunk_size: int = 1024,
+                                  group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """sum_v softmax(h Wᵀ / T)_v² over the whole vocabulary, [..., H] → [...], with this rank holding rows
+    [vocab_start, vocab_start + len(weight_shard)): per chunk one all-reduce (MAX) of the max logit m and one (SUM)
+    of sum exp(z - m) and sum exp(2(z - m)); the result is the second over the first squared. Collective."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    valid_cols = max(0, min(weight_shard.shape[0], vocab_size - vocab_start))
+    out = torch.empty(flat.shape[0], device=hidden.device,
+                      dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32)
+    for s in range(0, flat.shape[0], chunk_size):
+        z = _logits(flat[s:s + chunk_size], weight_shard, temperature, valid_cols)
+        m = _all_reduce(z.max(-1).values, dist.ReduceOp.MAX, group)
+        ez = torch.exp(z - m.unsqueeze(-1))
+        sums = _all_reduce(torch.stack([ez.sum(-1), ez.square().sum(-1)]), dist.ReduceOp.SUM, group)
+        out[s:s + chunk_size] = sums[1] / sums[0].square()
+    return out.reshape(hidden.shape[:-1])

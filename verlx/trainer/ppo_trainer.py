@@ -12,10 +12,8 @@ import numpy as np
 import torch
 
 from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline, uses_critic
-from verlx.algorithms.core import agg_loss, masked_mean
 from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
-from verlx.algorithms.rollout_correction import rollout_correction
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 from verlx.rollout.agent.metrics import agent_input_keys, multi_turn_metrics
@@ -29,6 +27,7 @@ from verlx.trainer import checkpointing
 from verlx.trainer.generation_dump import dump_generations
 from verlx.trainer.invariants import check_on_policy, on_policy_tolerance
 from verlx.trainer.metrics import compute_data_metrics
+from verlx.trainer.old_log_prob import old_log_prob_phase
 from verlx.trainer.perf_metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
@@ -248,7 +247,6 @@ class RayPPOTrainer:
         """One step. With DAPO dynamic sampling, `more_batches` supplies prompts until the batch is full. In
         one_step_off / async mode the batch comes `generated` by the pipeline (rollout_modes/pipeline.Generated)."""
         cfg = self.config
-        arr = cfg.actor_rollout_ref
         metrics: dict[str, float] = {}
         timing: dict[str, float] = {}
         with timed("step", timing):
@@ -260,18 +258,7 @@ class RayPPOTrainer:
                 batch = self._fill_with_informative_groups(batch, more_batches, metrics, timing)
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.world_size))
-            with timed("old_log_prob", timing):
-                old = self.actor_rollout_wg.compute_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
-                metrics.update(old.meta_info.get("metrics", {}))
-                entropy = agg_loss(old.batch["entropys"], batch.batch["response_mask"], arr.actor.loss_agg_mode)
-                metrics["actor/entropy"] = float(entropy)
-                batch.batch["old_log_probs"] = old.batch["old_log_probs"]
-            correction = None
-            if "rollout_log_probs" in batch.batch:
-                metrics.update(_logprob_diff(batch))
-                correction = rollout_correction(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
-                                                batch.batch["response_mask"], cfg.algorithm.rollout_correction)
-                metrics.update(correction.metrics)
+            correction = old_log_prob_phase(cfg, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, metrics, timing)
             metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
                                              generated.dropped if generated is not None else 0))
             if self.use_reference:
@@ -390,9 +377,9 @@ class RayPPOTrainer:
         keys = [*LOG_PROB_INPUTS, "old_log_probs", "advantages"]
         if self.config.actor_rollout_ref.actor.use_kl_loss:
             keys.append("ref_log_prob")
+        if "rollout_is_weights" in batch.batch:
+            keys.append("rollout_is_weights")
         inputs = batch.select(keys, [], [])
-        if correction is not None and correction.weights is not None:
-            inputs.batch["rollout_is_weights"] = correction.weights.to(torch.float32)
         if correction is not None and correction.mask is not None:
             inputs.batch["response_mask"] = inputs.batch["response_mask"] * correction.mask.to(
                 inputs.batch["response_mask"].dtype)
@@ -436,15 +423,6 @@ def _load_model_config(config: PPOConfig):
 
     model = config.actor_rollout_ref.model
     return load_hf_config(expand_path(model.path), model.trust_remote_code, model.override_config)
-
-
-def _logprob_diff(batch: DataProto) -> dict[str, float]:
-    mask = batch.batch["response_mask"].bool()
-    diff = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()
-    return {
-        "rollout/logprob_diff": float(masked_mean(diff, mask)),
-        "rollout/logprob_diff_max": float(diff[mask].max()) if mask.any() else 0.0,
-    }
 
 
 def _progress_bar(total: int, initial: int, enabled: bool):

@@ -169,9 +169,11 @@ def _ranks_per_shard(role) -> int:
 
 
 def check_algorithm(cfg: PPOConfig, f: Findings) -> None:
-    from verlx.algorithms.advantages import estimator_needs_critic, estimator_needs_groups
+    from verlx.algorithms.advantages import estimator_needs_critic, estimator_needs_groups, estimator_problems
+    from verlx.algorithms.policy_losses import policy_loss_problems
 
     a, arr = cfg.algorithm, cfg.actor_rollout_ref
+    f.problems += estimator_problems(cfg) + policy_loss_problems(cfg)
     try:
         needs_critic = estimator_needs_critic(a.adv_estimator)
         needs_groups = estimator_needs_groups(a.adv_estimator)

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from verlx.algorithms.core import agg_loss
 from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
-from verlx.algorithms.policy_losses import POLICY_LOSSES
+from verlx.algorithms.policy_losses import select_policy_loss
 from verlx.protocol import DataProto
 from verlx.workers.engine import MODEL_INPUTS, Head, TrainingEngine
 from verlx.workers.micro_batching import micro_batches, ppo_mini_batches, restore_order
@@ -23,16 +23,28 @@ def collect(outputs: list[dict], name: str, order: torch.Tensor | None) -> torch
 class PPOActor:
     """The policy's phases on one data-parallel rank; the engine averages gradients across ranks.
 
-    `reference` is the frozen reference (an actor whose engine has no optimizer), for the exact KL."""
+    `reference` is the frozen reference (an actor whose engine has no optimizer), for the exact KL.
+    `rollout_correction` (algorithm.rollout_correction) matters in bypass mode, which replaces the policy loss;
+    `dp_size` is the number of data-parallel shards (None: the world size), for loss_agg_mode token-sum."""
 
-    def __init__(self, config, engine: TrainingEngine, reference: PPOActor | None = None):
+    def __init__(self, config, engine: TrainingEngine, reference: PPOActor | None = None, rollout_correction=None,
+                 dp_size: int | None = None):
         self.config = config
         self.engine = engine
         self.reference = reference
+        self.rollout_correction = rollout_correction
+        self.dp_size = dp_size
 
-    def _head(self, temperature: float, with_entropy: bool, full_kl: bool = False) -> Head:
+    @property
+    def bypass_mode(self) -> bool:
+        """old_log_probs are the rollout engine's (algorithm.rollout_correction.bypass_mode)."""
+        return self.rollout_correction is not None and self.rollout_correction.bypass_mode
+
+    def _head(self, temperature: float, with_entropy: bool, full_kl: bool = False,
+              sum_pi_squared: bool = False) -> Head:
         kl_reference = self.reference.response_hidden if full_kl else None
-        return Head("log_probs", temperature, with_entropy, self.config.logprob_chunk_size, kl_reference)
+        return Head("log_probs", temperature, with_entropy, self.config.logprob_chunk_size, kl_reference,
+                    sum_pi_squared)
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
@@ -51,14 +63,25 @@ class PPOActor:
         self, data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int,
         calculate_entropy: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = self.log_prob_outputs(data, micro_batch_size, use_dynamic_bsz, max_token_len, calculate_entropy)
+        return out["log_prob"], out.get("entropy")
+
+    @torch.no_grad()
+    def log_prob_outputs(
+        self, data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int,
+        calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """{"log_prob"} [B, R], plus "entropy" and "sum_pi_squared" (sum_v pi_v^2) when asked, in data's order."""
         parts, order = micro_batches(data, micro_batch_size, use_dynamic_bsz, max_token_len,
                                      key="log_prob_max_token_len_per_gpu")
-        outputs = self.engine.forward(parts, self._head(data.meta_info.get("temperature", 1.0), calculate_entropy))
+        head = self._head(data.meta_info.get("temperature", 1.0), calculate_entropy,
+                          sum_pi_squared=calculate_sum_pi_squared)
+        names = ["log_prob", *(["entropy"] if calculate_entropy else []),
+                 *(["sum_pi_squared"] if calculate_sum_pi_squared else [])]
+        outputs = self.engine.forward(parts, head)
         if outputs is None:  # a rank that returns nothing; the shape keeps DataProto consistent
-            zeros = torch.zeros(data.batch["responses"].shape)
-            return zeros, (zeros if calculate_entropy else None)
-        log_prob = collect(outputs, "log_prob", order)
-        return log_prob, (collect(outputs, "entropy", order) if calculate_entropy else None)
+            return {name: torch.zeros(data.batch["responses"].shape) for name in names}
+        return {name: collect(outputs, name, order) for name in names}
 
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto, mini_batch_size: int, micro_batch_size: int | None) -> dict[str, float]:
@@ -66,7 +89,8 @@ class PPOActor:
 
         With `rollout_is_weights` in `data` (rollout correction) each token's policy-gradient loss is weighted.
         The first mini-batch of the first epoch is probed (OnPolicyProbe): it runs with the weights old_log_probs
-        were computed with, so its log-probs must reproduce them."""
+        were computed with, so its log-probs must reproduce them (not in bypass mode: there old_log_probs are the
+        rollout engine's)."""
         cfg = self.config
         keys = [*MODEL_INPUTS, "responses", "response_mask", "old_log_probs", "advantages"]
         if cfg.use_kl_loss:
@@ -77,8 +101,8 @@ class PPOActor:
                           full_kl=cfg.use_kl_loss and kl_needs_full_distribution(cfg.kl_loss_type))
         data = data.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=[])
         metrics = MetricAccumulator(self.engine.device)
-        loss_fn = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
-        probe = OnPolicyProbe(self.engine.device)
+        loss_fn = select_policy_loss(cfg, self.rollout_correction)
+        probe = OnPolicyProbe(self.engine.device, enabled=not self.bypass_mode)
 
         def micro_loss(mb: DataProto, out: dict, counts: dict) -> torch.Tensor:
             probe.observe(mb, out["log_prob"])
@@ -86,7 +110,7 @@ class PPOActor:
                                        out.get("full_kl"))
 
         mini_batches = ppo_mini_batches(data, cfg, mini_batch_size, micro_batch_size, self.engine.device,
-                                        key="actor_rollout_ref.actor")
+                                        key="actor_rollout_ref.actor", dp_size=self.dp_size)
         result = self.engine.update(probe.first_only(mini_batches), head, micro_loss, metrics)
         result.update(probe.reduce())
         return result
@@ -96,10 +120,12 @@ class OnPolicyProbe:
     """Log-probs of the update's first mini-batch (first PPO epoch) against old_log_probs, before any optimizer
     step: the same weights, so with the same kernels and no train-mode randomness (dropout) they are equal.
     `reduce` (collective: every rank of the world calls it) returns actor/on_policy_log_prob_diff_max (max |Δ| over
-    the mini-batch's response tokens, all ranks) and actor/ppo_kl_first_mini_batch (mean of old − new there)."""
+    the mini-batch's response tokens, all ranks) and actor/ppo_kl_first_mini_batch (mean of old − new there);
+    nothing when not `enabled`."""
 
-    def __init__(self, device: torch.device):
-        self.active = True
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.enabled = enabled
+        self.active = enabled
         self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # max |diff|, sum(old - new), tokens
 
     def first_only(self, mini_batches):
@@ -118,6 +144,8 @@ class OnPolicyProbe:
         self.stats[2] += mask.sum()
 
     def reduce(self) -> dict[str, float]:
+        if not self.enabled:
+            return {}
         peak, sums = self.stats[:1].clone(), self.stats[1:].clone()
         if dist.is_initialized():
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
@@ -135,7 +163,7 @@ def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, ent
     """
     device = log_prob.device
     mask = mb.batch["response_mask"].to(device)
-    agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
+    agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"], dp_size=counts["dp_size"])
     old = mb.batch["old_log_probs"].to(device)
     adv = mb.batch["advantages"].to(device)
     weights = mb.batch.get("rollout_is_weights")
@@ -156,6 +184,6 @@ def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, ent
     # the micro losses are shares of the mini-batch loss: summing them gives the mini-batch value
     metrics.add_sum("actor/pg_loss", pg_loss.detach())
     share = mask.sum() / counts["rank_tokens"]
-    for name, value in pg_metrics.items():
-        metrics.add_sum(f"actor/{name}", value.detach() * share)
+    for name, value in pg_metrics.items():  # names with a section (bypass mode's rollout_corr/...) keep it
+        metrics.add_sum(name if "/" in name else f"actor/{name}", value.detach() * share)
     return loss

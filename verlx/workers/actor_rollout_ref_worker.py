@@ -111,7 +111,8 @@ class ActorRolloutRefWorker(Worker):
                             "at every push (no engine here loads adapters separately)", arr.rollout.name)
             spec = ModelSpec("actor", role=arr.actor, lora=self.lora, tokenizer=self.tokenizer,
                              max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite_updates, **common)
-            self.actor = PPOActor(arr.actor, engine_cls.build(spec, placement))
+            self.actor = PPOActor(arr.actor, engine_cls.build(spec, placement),
+                                  rollout_correction=cfg.algorithm.rollout_correction, dp_size=placement.dp_size)
         if self.is_ref:
             if self.lora:  # the actor's own module with its adapters switched off
                 ref_engine = self.actor.engine.reference_view()
@@ -334,11 +335,14 @@ class ActorRolloutRefWorker(Worker):
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=False)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         timer = PhaseTimer(self.device, "actor_infer", self.rank)
+        sum_pi_squared = bool(data.meta_info.get("calculate_sum_pi_squared", False))
         with self._on_device(actor=True, overlap=True), timer.measure():
-            log_prob, entropy = self.actor.compute_log_prob(data, micro, dynamic, max_tokens, calculate_entropy=True)
+            out = self.actor.log_prob_outputs(data, micro, dynamic, max_tokens, calculate_entropy=True,
+                                              calculate_sum_pi_squared=sum_pi_squared)
         metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
                                 forward_only=True, share=1 / self._sp_size())
-        return DataProto({"old_log_probs": log_prob.cpu(), "entropys": entropy.cpu()}, meta_info={"metrics": metrics})
+        names = {"log_prob": "old_log_probs", "entropy": "entropys", "sum_pi_squared": "sum_pi_squared"}
+        return DataProto({names[k]: v.cpu() for k, v in out.items()}, meta_info={"metrics": metrics})
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

@@ -15,11 +15,13 @@ VALUES = Head("values")
 
 
 class PPOCritic:
-    """The value model's phases on one data-parallel rank; values are zero outside the response mask."""
+    """The value model's phases on one data-parallel rank; values are zero outside the response mask. `dp_size`: the
+    number of data-parallel shards (None: the world size), for loss_agg_mode token-sum."""
 
-    def __init__(self, config, engine: TrainingEngine):
+    def __init__(self, config, engine: TrainingEngine, dp_size: int | None = None):
         self.config = config
         self.engine = engine
+        self.dp_size = dp_size
 
     @torch.no_grad()
     def compute_values(self, data: DataProto, micro_batch_size: int | None) -> torch.Tensor:
@@ -42,7 +44,8 @@ class PPOCritic:
             vpreds = out["values"] * mb.batch["response_mask"].to(out["values"].device)
             return compose_value_loss(cfg, mb, vpreds, counts, metrics)
 
-        mini_batches = ppo_mini_batches(data, cfg, mini_batch_size, micro_batch_size, self.engine.device, key="critic")
+        mini_batches = ppo_mini_batches(data, cfg, mini_batch_size, micro_batch_size, self.engine.device, key="critic",
+                                        dp_size=self.dp_size)
         return self.engine.update(mini_batches, VALUES, micro_loss, metrics)
 
 
@@ -53,6 +56,7 @@ def compose_value_loss(cfg, mb: DataProto, vpreds: torch.Tensor, counts: dict, m
     vf_loss, clipfrac = compute_value_loss(
         vpreds, mb.batch["returns"].to(device), mb.batch["values"].to(device), mask,
         cfg.cliprange_value, cfg.loss_agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
+        dp_size=counts["dp_size"],
     )
     share = mask.sum() / counts["rank_tokens"]
     metrics.add_sum("critic/vf_loss", vf_loss.detach())

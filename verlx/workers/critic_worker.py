@@ -46,7 +46,7 @@ class CriticWorker(Worker):
         spec = ModelSpec("critic", path, critic.model, critic, self.hf_config, self.device, value_head=True,
                          total_steps=cfg.trainer.total_training_steps or 1,
                          max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite_updates)
-        self.critic = PPOCritic(critic, engine_cls.build(spec, placement))
+        self.critic = PPOCritic(critic, engine_cls.build(spec, placement), dp_size=placement.dp_size)
         self.critic.engine.offload()
         return {"settings": settings + notes}  # the driver logs rank 0's choices
 

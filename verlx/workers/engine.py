@@ -33,7 +33,8 @@ class Head:
     """What a forward pass computes at the response positions of each micro-batch.
 
     kind "log_probs": {"log_prob", "entropy" (None unless with_entropy)}, plus "full_kl" (exact KL to the model
-    whose response hidden states `kl_reference(micro_batch)` returns); "values": {"values"} (unmasked);
+    whose response hidden states `kl_reference(micro_batch)` returns) and "sum_pi_squared" (sum_v pi_v^2 per token,
+    forward only, with with_sum_pi_squared); "values": {"values"} (unmasked);
     "response_hidden": {"response_hidden": (hidden states [B, R, H], output weight)}, another model's kl_reference.
     """
 
@@ -42,6 +43,7 @@ class Head:
     with_entropy: bool = False
     chunk_size: int = 4096
     kl_reference: Callable[[DataProto], Any] | None = None
+    with_sum_pi_squared: bool = False
 
 
 @dataclass(frozen=True)

@@ -135,14 +135,15 @@ def epoch_order(data: DataProto, role, epoch: int) -> DataProto:
 
 
 def ppo_mini_batches(data: DataProto, role, mini_batch_size: int, micro_batch_size: int | None,
-                     device: torch.device, key: str) -> Iterator[MiniBatch]:
+                     device: torch.device, key: str, dp_size: int | None = None) -> Iterator[MiniBatch]:
     """The one PPO update loop: `role.ppo_epochs` passes over `data` (epoch_order), each split into mini-batches of
     `mini_batch_size` samples, their global token counts, and micro-batches of `micro_batch_size` samples or of the
     token budget `role.ppo_max_token_len_per_gpu` (use_dynamic_bsz). `role` is an actor or critic config, `key` its
-    config path (named in errors). Collective: every rank iterates the same number of mini-batches."""
+    config path (named in errors), `dp_size` the data-parallel size (global_counts). Collective: every rank
+    iterates the same number of mini-batches."""
     for epoch in range(role.ppo_epochs):
         for mini in epoch_order(data, role, epoch).split(mini_batch_size):
-            counts = global_counts(mini.batch["response_mask"], device)
+            counts = global_counts(mini.batch["response_mask"], device, dp_size)
             parts, _ = micro_batches(mini, micro_batch_size, role.use_dynamic_bsz, role.ppo_max_token_len_per_gpu,
                                      key=f"{key}.ppo_max_token_len_per_gpu")
             yield MiniBatch(parts, counts)

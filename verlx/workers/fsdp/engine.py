@@ -122,14 +122,19 @@ class FSDPEngine(TrainingEngine):
         extra = {}
         if head.kind == "response_hidden":
             extra["return_response_hidden"] = True
+        names = ["log_prob", "entropy"]
         if head.kl_reference is not None:
             extra["kl_reference"] = head.kl_reference(mb)
+            names.append("full_kl")
+        if head.with_sum_pi_squared:
+            extra["with_sum_pi_squared"] = True
+            names.append("sum_pi_squared")
         with self._adapters():
             out = self.module(**inputs, response_length=response_length, temperature=head.temperature,
                               chunk_size=head.chunk_size, with_entropy=head.with_entropy, **extra)
         if head.kind == "response_hidden":
             return {"response_hidden": out}
-        return dict(zip(("log_prob", "entropy", "full_kl"), out))
+        return dict(zip(names, out))
 
     @torch.no_grad()
     def forward(self, parts: list[DataProto], head: Head) -> list[dict]:

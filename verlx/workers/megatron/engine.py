@@ -85,7 +85,10 @@ class MegatronEngine(TrainingEngine):
             raise NotImplementedError("the exact KL (actor.kl_loss_type=full or algorithm.kl_penalty=full) needs the "
                                       "fsdp strategy; the megatron engine computes KLs from sampled tokens only")
         log_prob, entropy = chunk.log_probs(hidden, aligned, head.temperature, head.chunk_size, head.with_entropy)
-        return {"log_prob": log_prob, "entropy": entropy}
+        out = {"log_prob": log_prob, "entropy": entropy}
+        if head.with_sum_pi_squared:
+            out["sum_pi_squared"] = chunk.sum_pi_squared(hidden, aligned, head.temperature, head.chunk_size)
+        return out
 
     @torch.no_grad()
     def forward(self, parts: list[DataProto], head: Head) -> list[dict] | None:

@@ -18,7 +18,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from verlx.models.vocab_parallel_logprob import vocab_parallel_log_probs
+from verlx.models.vocab_parallel_logprob import vocab_parallel_log_probs, vocab_parallel_sum_pi_squared
 from verlx.workers.megatron.architectures import ModelDims, gpt_model_kwargs, transformer_config_kwargs
 from verlx.workers.megatron.batch_layout import AlignedBatch
 from verlx.workers.megatron.parallel import ParallelLayout
@@ -116,15 +116,27 @@ class RLModelChunk(MegatronModule):
         index = batch.hidden_index.unsqueeze(-1).expand(-1, -1, h.shape[-1])
         return h.gather(1, index)
 
+    def _output_weight(self) -> torch.Tensor:
+        return self.gpt.shared_embedding_or_output_weight() if self.gpt.share_embeddings_and_output_weights \
+            else self.gpt.output_layer.weight
+
     def log_probs(self, hidden: torch.Tensor, batch: AlignedBatch, temperature: float, chunk_size: int,
                   with_entropy: bool):
         h = self._response_hidden(hidden, batch, partial_grads=True)
-        weight = self.gpt.shared_embedding_or_output_weight() if self.gpt.share_embeddings_and_output_weights \
-            else self.gpt.output_layer.weight
+        weight = self._output_weight()
         rows = weight.shape[0]
         return vocab_parallel_log_probs(h, weight, batch.targets, mpu.get_tensor_model_parallel_rank() * rows,
                                         self.dims.vocab_size, temperature, chunk_size, with_entropy,
                                         mpu.get_tensor_model_parallel_group())
+
+    def sum_pi_squared(self, hidden: torch.Tensor, batch: AlignedBatch, temperature: float,
+                       chunk_size: int) -> torch.Tensor:
+        """sum_v pi_v^2 at the response positions (forward only), shaped like log_probs' output."""
+        h = self._response_hidden(hidden, batch, partial_grads=False)
+        weight = self._output_weight()
+        return vocab_parallel_sum_pi_squared(h, weight, mpu.get_tensor_model_parallel_rank() * weight.shape[0],
+                                             self.dims.vocab_size, temperature, chunk_size,
+                                             mpu.get_tensor_model_parallel_group())
 
     def values(self, hidden: torch.Tensor, batch: AlignedBatch) -> torch.Tensor:
         h = self._response_hidden(hidden, batch, partial_grads=False)
