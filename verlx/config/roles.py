@@ -14,6 +14,7 @@ from verlx.config.engine import (
     OptimConfig,
     RefFSDPConfig,
 )
+from verlx.config.profiler import ProfilerConfig
 
 
 @dataclass
@@ -57,6 +58,7 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     @property
     def clip_low(self) -> float:
@@ -78,6 +80,7 @@ class RefConfig:
     use_torch_compile: bool = True
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass
@@ -149,9 +152,11 @@ class RolloutConfig:
     update_weights_bucket_megabytes: int = 512
     sleep_level: int = 1
     multi_stage_wake_up: bool = True
+    layered_summon: bool = False
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass
@@ -188,3 +193,4 @@ class CriticConfig:
     use_torch_compile: bool = True
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
