@@ -5,9 +5,9 @@ layered_summon and the reward model's raw chat; each said once at start, bad val
 from __future__ import annotations
 
 import pytest
+from test_reward_managers import make_batch
 
 from helpers.tiny_tokenizer import build_tiny_tokenizer
-from test_reward_managers import make_batch
 from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 from verlx.reward.managers import DAPORewardManager, build_reward_manager

@@ -156,6 +156,12 @@ class RolloutConfig:
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class TrainingRolloutConfig(RolloutConfig):
+    """actor_rollout_ref.rollout: the engine's keys plus those only training has (generation.yaml lacks them)."""
+
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
@@ -166,7 +172,7 @@ class ActorRolloutRefConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: TrainingRolloutConfig = field(default_factory=TrainingRolloutConfig)
 
 
 @dataclass
