@@ -22,7 +22,7 @@ def test_grpo_step_with_a_reward_model_dynamic_sampling_and_profiles(ray_cpu, ti
         "reward_model.enable=true", f"reward_model.model.path={tiny_reward_model_dir}",
         "reward_model.micro_batch_size_per_gpu=4",
         "algorithm.filter_groups.enable=true", "+data.gen_batch_size=16",  # veRL scripts add the key with '+'
-        f"trainer.rollout_data_dir={dumps}",
+        f"trainer.rollout_data_dir={dumps}", "trainer.test_freq=1",  # validation scores with the reward model too
         "global_profiler.tool=torch", "global_profiler.steps=[1]", f"global_profiler.save_path={profiles}",
         "actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.ranks=[1]",
         "reward_model.profiler.enable=true", "reward_model.profiler.ranks=[1]")
@@ -39,8 +39,10 @@ def test_grpo_step_with_a_reward_model_dynamic_sampling_and_profiles(ray_cpu, ti
     scores = [r["score"] for r in records]
     assert len(set(scores)) == len(scores) and any(s not in (0.0, 1.0) for s in scores)
     assert row["critic/score/mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
+    assert row["val-core/arithmetic/reward/mean@1"] not in (0.0, 1.0)  # a mean of the reward model's scores
+    # the reward model runs twice in step 1: the training batch, then validation (its trace gets the suffix _2)
     assert sorted(os.listdir(profiles)) == sorted(
-        f"{phase}_step1_rank1{suffix}" for phase in ("actor_infer", "actor", "reward_model")
-        for suffix in (".json", "_summary.json"))
+        f"{stem}{suffix}" for stem in ("actor_infer_step1_rank1", "actor_step1_rank1", "reward_model_step1_rank1",
+                                       "reward_model_step1_rank1_2") for suffix in (".json", "_summary.json"))
     summary = json.loads((profiles / "reward_model_step1_rank1_summary.json").read_text())
     assert (summary["phase"], summary["step"], summary["rank"]) == ("reward_model", 1, 1)
