@@ -117,12 +117,18 @@ def test_a_subclass_of_rlhf_dataset_is_built_with_verls_arguments(tmp_path, trai
             def __init__(self, data_files, tokenizer, config, processor=None, max_samples=-1):
                 super().__init__(data_files, tokenizer, config, max_samples, processor=processor)
                 self.tag = config.get("reward_fn_key")
+
+        class Plain(RLHFDataset):
+            pass
     """)
     config = _config(train_file, train_batch_size=5)
     config.data.custom_cls = type(config.data.custom_cls)(path=path, name="Tagged")
     loader, _ = build_dataloaders(config, build_tiny_tokenizer())
     assert type(loader.dataset).__name__ == "Tagged" and loader.dataset.tag == "data_source"
     assert [rows(b) for b in loader] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    config.data.custom_cls = type(config.data.custom_cls)(path=path, name="Plain")  # RLHFDataset's own constructor
+    loader, _ = build_dataloaders(config, build_tiny_tokenizer())
+    assert type(loader.dataset).__name__ == "Plain" and len(loader) == 2
 
 
 def test_custom_class_errors(tmp_path, train_file):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from verlx.config.schema import PPOConfig
+from verlx.trainer.reward_scoring import reward_model_reads_raw_chat
 
 
 def reward_workers(config: PPOConfig) -> list[str]:
@@ -36,8 +37,7 @@ def dapo_reward_kwargs(config: PPOConfig) -> list[str]:
 
 
 def reward_model_raw_chat(config: PPOConfig) -> list[str]:
-    rm = config.reward_model
-    if not rm.enable or rm.model.input_tokenizer is None or config.data.return_raw_chat:
+    if not reward_model_reads_raw_chat(config) or config.data.return_raw_chat:
         return []
     config.data.return_raw_chat = True
     return ["reward_model.model.input_tokenizer is set: each response is decoded and the chat re-rendered with the "
