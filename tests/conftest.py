@@ -50,6 +50,15 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory):
+    """A 2-layer Qwen2ForSequenceClassification (one label) on the same tokenizer, with a plain "role: content"
+    chat template unlike the policy's ChatML (so the reward model re-templates)."""
+    from helpers.tiny_tokenizer import save_tiny_reward_model
+
+    return save_tiny_reward_model(tmp_path_factory.mktemp("tiny_reward_model"))
+
+
+@pytest.fixture(scope="session")
 def arithmetic_data_dir(tmp_path_factory):
     """Real parquet files from the project's arithmetic preprocessing script."""
     import subprocess

@@ -53,3 +53,26 @@ def save_tiny_qwen2(path, hidden_size: int = 64, intermediate_size: int = 128, n
     tok.save_pretrained(path)
     GenerationConfig(eos_token_id=[im_end, tok.eos_token_id], pad_token_id=tok.pad_token_id).save_pretrained(path)
     return str(path)
+
+
+# A template unlike ChatML, for a reward model whose chat format differs from the policy's (re-templating).
+PLAIN_TEMPLATE = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+
+
+def save_tiny_reward_model(path, chat_template: str = PLAIN_TEMPLATE, seed: int = 1) -> str:
+    """A Qwen2ForSequenceClassification (one label, random weights) on the character-level tokenizer with its own
+    chat template, saved with save_pretrained: the reward-model checkpoint of the tests."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = chat_template
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False, pad_token_id=tok.pad_token_id, num_labels=1)
+    torch.manual_seed(seed)
+    model = Qwen2ForSequenceClassification(cfg)
+    torch.nn.init.normal_(model.score.weight, std=1.0)  # scores of order 1, far apart
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)

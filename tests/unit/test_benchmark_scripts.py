@@ -274,3 +274,15 @@ def test_peer_reward_scores_the_answer_after_the_last_marker():
     assert module.compute_score("arithmetic", "12+3 is #### 14, no: #### 15", "15") == 1.0
     assert module.compute_score("arithmetic", "#### 15 then #### 1,5", "15") == 1.0
     assert module.compute_score("arithmetic", "15", "15") == 0.0
+
+
+def test_reward_model_smoke_scores_exactly_and_trains(tmp_path):
+    _run([sys.executable, "benchmarks/reward_model_gpu.py", "--smoke"], tmp_path)
+    with open(tmp_path / "reward_model_exactness.json") as f:
+        check = json.load(f)
+    # fp32 on the CPU: the FSDP-built reward model and the checkpoint's own forward agree to rounding
+    assert check["sequences"] == 32 and check["max_abs_diff"] < 1e-5 < check["score_std"]
+    with open(tmp_path / "reward_model_metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["timing_s/reward"] > 0 for r in rows)
+    assert os.path.exists(tmp_path / "reward_model_profile" / "reward_model_step2_rank0_summary.json")

@@ -97,7 +97,9 @@ def test_yaml_defaults_match_dataclass_defaults():
     defaults = dataclasses.asdict(PPOConfig())
     interpolated = {  # keys whose YAML value is an interpolation of another key
         "actor_rollout_ref.rollout.prompt_length", "actor_rollout_ref.rollout.response_length",
-        "trainer.default_local_dir", "trainer.output_dir",
+        "trainer.default_local_dir", "trainer.output_dir", "reward_model.model.input_tokenizer",
+        *(f"{role}.profiler.save_path" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref",
+                                                   "actor_rollout_ref.rollout", "critic", "reward_model")),
     }
 
     def walk(a, b, path=""):

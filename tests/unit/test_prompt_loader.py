@@ -96,8 +96,11 @@ def test_val_loader_covers_every_row_each_time(dataset):
 def test_loader_errors(dataset):
     with pytest.raises(ValueError, match="fewer than one batch of 11 \\(data.train_batch_size\\)"):
         PromptDataLoader(dataset, 11, StatefulSampler(10))
-    with pytest.raises(ValueError, match="sampler covers 9 rows, the dataset has 10"):
-        PromptDataLoader(dataset, 2, StatefulSampler(9))
+    with pytest.raises(ValueError, match="the sampler has 7 rows \\(the dataset 10\\), fewer than one batch of 8 "
+                       "\\(data.gen_batch_size\\)"):
+        PromptDataLoader(dataset, 8, StatefulSampler(7), batch_key="data.gen_batch_size")
+    # an epoch is one pass of the sampler (a data.sampler may be shorter or longer than the dataset)
+    assert len(PromptDataLoader(dataset, 2, StatefulSampler(9))) == 4
 
 
 def test_resume_with_another_batch_size_still_moves_on(dataset):

@@ -47,6 +47,7 @@ ALIASES = (
           _GLOBAL_MICRO.format(new="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu")),
     Alias("actor_rollout_ref.ref.log_prob_micro_batch_size",
           _GLOBAL_MICRO.format(new="actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")),
+    Alias("reward_model.micro_batch_size", _GLOBAL_MICRO.format(new="reward_model.micro_batch_size_per_gpu")),
 )
 
 # prefix (+, ++ or ~), key, and the rest ("=value", or nothing for a deletion)

@@ -14,6 +14,7 @@ from verlx.config.engine import (
     OptimConfig,
     RefFSDPConfig,
 )
+from verlx.config.profiler import ProfilerConfig
 
 
 @dataclass
@@ -61,6 +62,7 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     @property
     def clip_low(self) -> float:
@@ -82,6 +84,7 @@ class RefConfig:
     use_torch_compile: bool = True
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass
@@ -153,9 +156,17 @@ class RolloutConfig:
     update_weights_bucket_megabytes: int = 512
     sleep_level: int = 1
     multi_stage_wake_up: bool = True
+    layered_summon: bool = False
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class TrainingRolloutConfig(RolloutConfig):
+    """actor_rollout_ref.rollout: the engine's keys plus those only training has (generation.yaml lacks them)."""
+
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass
@@ -165,7 +176,7 @@ class ActorRolloutRefConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: TrainingRolloutConfig = field(default_factory=TrainingRolloutConfig)
 
 
 @dataclass
@@ -192,3 +203,4 @@ class CriticConfig:
     use_torch_compile: bool = True
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)

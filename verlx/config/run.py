@@ -5,6 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from verlx.config.profiler import ProfilerConfig
+from verlx.config.reward_model import OverlongBufferConfig, RewardKwargsConfig, RewardModelModelConfig
+
+
+@dataclass
+class CustomClassConfig:
+    """data.custom_cls: a Dataset class from a user file (veRL's keys)."""
+
+    path: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class SamplerClassConfig:
+    """data.sampler: a (curriculum) sampler class from a user file or package (veRL's keys)."""
+
+    class_path: str | None = None
+    class_name: str | None = None
+
 
 @dataclass
 class DataConfig:
@@ -32,22 +51,28 @@ class DataConfig:
     trust_remote_code: bool = False
     dataloader_num_workers: int = 0
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class OverlongBufferConfig:
-    enable: bool = False
-    len: int = 0
-    penalty_factor: float = 1.0
-    log: bool = False
+    gen_batch_size: int | None = None
+    custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
+    sampler: SamplerClassConfig = field(default_factory=SamplerClassConfig)
 
 
 @dataclass
 class RewardModelConfig:
     enable: bool = False
+    strategy: str = "fsdp"
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size: int | None = None
+    micro_batch_size_per_gpu: int | None = None
+    max_length: int | None = None
+    use_dynamic_bsz: bool | None = None
+    forward_max_token_len_per_gpu: int | None = None
+    ulysses_sequence_parallel_size: int = 1
+    num_workers: int | None = None
     reward_manager: str = "naive"
     launch_reward_fn_async: bool = False
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    reward_kwargs: RewardKwargsConfig = field(default_factory=RewardKwargsConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from verlx.config.profiler import GlobalProfilerConfig
 from verlx.config.roles import ActorRolloutRefConfig, CriticConfig
 from verlx.config.run import (
     AlgorithmConfig,
@@ -31,6 +32,7 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutResourcesConfig = field(default_factory=RolloutResourcesConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 
     @property
     def use_reference(self) -> bool:

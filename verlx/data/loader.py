@@ -1,4 +1,5 @@
-"""PromptDataLoader: DataProto batches of an RLHFDataset in a StatefulSampler's order.
+"""PromptDataLoader: DataProto batches of an RLHFDataset (or a data.custom_cls dataset) in a StatefulSampler's order
+(or a data.sampler's).
 
 `for batch in loader` runs the rest of the current epoch (all of it, on a fresh loader); the trainer loops over
 epochs. The state (the sampler's) can be saved after any batch and restored to continue with the next one.
@@ -10,22 +11,25 @@ import math
 from collections.abc import Iterator
 
 from verlx.config.loader import DataError
+from verlx.data.custom_dataset import build_dataset, data_view
+from verlx.data.custom_sampler import build_user_sampler
 from verlx.data.rl_dataset import RLHFDataset
 from verlx.data.sampler import StatefulSampler
 from verlx.protocol import DataProto, collate_rows
 
 
 class PromptDataLoader:
-    def __init__(self, dataset, batch_size: int, sampler: StatefulSampler, drop_last: bool = True):
+    def __init__(self, dataset, batch_size: int, sampler: StatefulSampler, drop_last: bool = True,
+                 batch_key: str = "data.train_batch_size"):
+        """An epoch is one pass of the sampler: sampler.num_rows rows (a data.sampler may have another length than
+        the dataset); `batch_key` names batch_size in errors."""
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if sampler.num_rows != len(dataset):
-            raise ValueError(f"the sampler covers {sampler.num_rows} rows, the dataset has {len(dataset)}")
-        if drop_last and len(dataset) < batch_size:
-            raise DataError(
-                f"the dataset has {len(dataset)} rows, fewer than one batch of {batch_size} "
-                "(data.train_batch_size): use more data or a smaller batch"
-            )
+        if drop_last and sampler.num_rows < batch_size:
+            rows = (f"the dataset has {len(dataset)} rows" if sampler.num_rows == len(dataset) else
+                    f"an epoch of the sampler has {sampler.num_rows} rows (the dataset {len(dataset)})")
+            raise DataError(f"{rows}, fewer than one batch of {batch_size} ({batch_key}): use more data or a smaller "
+                            "batch")
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.sampler = sampler
@@ -34,11 +38,11 @@ class PromptDataLoader:
     @property
     def epoch_rows(self) -> int:
         """Rows handed out per epoch (the last partial batch is dropped with drop_last)."""
-        n = len(self.dataset)
+        n = self.sampler.num_rows
         return n - n % self.batch_size if self.drop_last else n
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = self.sampler.num_rows
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     @property
@@ -56,6 +60,10 @@ class PromptDataLoader:
         if hasattr(self.dataset, "get_batch"):
             return self.dataset.get_batch(rows)
         return collate_rows(self.dataset[int(i)] for i in rows)
+
+    def after_step(self, batch: DataProto) -> None:
+        """A training step consumed `batch`: a curriculum sampler (data.sampler) learns from it."""
+        self.sampler.update(batch)
 
     def state_dict(self) -> dict:
         return {"sampler": self.sampler.state_dict(), "batch_size": self.batch_size}
@@ -76,12 +84,17 @@ def build_val_dataloader(dataset: RLHFDataset, batch_size: int | None, shuffle: 
 
 
 def build_dataloaders(config, tokenizer) -> tuple[PromptDataLoader, PromptDataLoader | None]:
-    """Training and validation loaders of a PPOConfig (validation None when data.val_files is null)."""
+    """Training and validation loaders of a PPOConfig (validation None when data.val_files is null). Training
+    batches are data.gen_batch_size prompts (null: train_batch_size), in data.sampler's order when one is named."""
     data = config.data
     seed = data.seed if data.seed is not None else config.trainer.seed
-    train = RLHFDataset(data.train_files, tokenizer, data, data.train_max_samples)
-    train_loader = build_train_dataloader(train, data.train_batch_size, data.shuffle, seed)
+    train = build_dataset(data, data.train_files, tokenizer, data.train_max_samples)
+    batch_size, batch_key = ((data.gen_batch_size, "data.gen_batch_size") if data.gen_batch_size is not None
+                             else (data.train_batch_size, "data.train_batch_size"))
+    sampler = (build_user_sampler(data, train, data_view(data)) if data.sampler.class_path
+               else StatefulSampler(len(train), data.shuffle, seed))
+    train_loader = PromptDataLoader(train, batch_size, sampler, drop_last=True, batch_key=batch_key)
     if data.val_files is None:
         return train_loader, None
-    val = RLHFDataset(data.val_files, tokenizer, data, data.val_max_samples)
+    val = build_dataset(data, data.val_files, tokenizer, data.val_max_samples)
     return train_loader, build_val_dataloader(val, data.val_batch_size, data.validation_shuffle, seed)

@@ -78,10 +78,25 @@ def render_and_tokenize(tokenizer, conversations: list, template_kwargs: dict) -
     return texts, tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
+def prompt_pad_token_id(tokenizer) -> int:
+    """The token prompts are left-padded with: the pad token, else eos."""
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has neither a pad token nor an eos token to left-pad prompts with")
+    return int(tokenizer.eos_token_id)
+
+
 class RLHFDataset:
     """Tokenised prompts of one or more parquet files; `dataset[i]` is a row dict, `get_batch(ids)` a DataProto."""
 
-    def __init__(self, files: str | Sequence[str], tokenizer, config: DataConfig, max_samples: int = -1):
+    def __init__(self, data_files: str | Sequence[str], tokenizer, config: DataConfig, max_samples: int = -1, *,
+                 processor=None):
+        """veRL's constructor: `data_files`, `tokenizer`, `config` (the data section), `max_samples`; `processor`
+        (veRL's multimodal processor) must be None: verlx has no vision-language models."""
+        if processor is not None:
+            raise ValueError("RLHFDataset: a multimodal processor was given, but verlx supports text models only")
+        files = data_files
         self.files = [expand_path(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
         self.tokenizer = tokenizer
         self.config = config
@@ -91,7 +106,7 @@ class RLHFDataset:
                 f"data.truncation must be one of error, {', '.join(PROMPT_TRUNCATIONS.names())}; "
                 f"got {config.truncation!r}"
             )
-        self.pad_token_id = self._pad_token_id(tokenizer)
+        self.pad_token_id = prompt_pad_token_id(tokenizer)
         if not getattr(tokenizer, "chat_template", None):
             raise DataError(
                 f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, which RLHFDataset "
@@ -101,14 +116,6 @@ class RLHFDataset:
         self.num_filtered = 0
         self.truncated_tokens = np.zeros(0, dtype=np.int64)  # tokens cut from each truncated prompt
         self._load(max_samples)
-
-    @staticmethod
-    def _pad_token_id(tokenizer) -> int:
-        if tokenizer.pad_token_id is not None:
-            return int(tokenizer.pad_token_id)
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has neither a pad token nor an eos token to left-pad prompts with")
-        return int(tokenizer.eos_token_id)
 
     # ------------------------------------------------------------------ loading
     def _read(self, max_samples: int) -> tuple[dict[str, list], list[tuple[str, int]]]:
@@ -211,12 +218,12 @@ class RLHFDataset:
         self._non_tensor: dict[str, np.ndarray] = {}
         for key, values in columns.items():
             if key != self.config.prompt_key:
-                self._non_tensor[key] = _object_array(values)[rows]
+                self._non_tensor[key] = object_array(values)[rows]
         self._non_tensor["index"] = rows
         if self.config.return_raw_chat:
-            self._non_tensor["raw_prompt"] = _object_array(columns[self.config.prompt_key])[rows]
+            self._non_tensor["raw_prompt"] = object_array(columns[self.config.prompt_key])[rows]
         if self.config.return_full_prompt:
-            self._non_tensor["full_prompt"] = _object_array(texts)
+            self._non_tensor["full_prompt"] = object_array(texts)
 
     def _report(self, num_read: int) -> None:
         changes = []
@@ -280,7 +287,7 @@ class RLHFDataset:
             position_ids[row, width - n :] = steps[:n]
             raw_prompt_ids.append(tokens.tolist())
         non_tensor = {k: v[idx] for k, v in self._non_tensor.items()}
-        non_tensor["raw_prompt_ids"] = _object_array(raw_prompt_ids)
+        non_tensor["raw_prompt_ids"] = object_array(raw_prompt_ids)
         tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         return DataProto({k: torch.from_numpy(v) for k, v in tensors.items()}, non_tensor)
 
@@ -294,7 +301,7 @@ class RLHFDataset:
         return row
 
 
-def _object_array(values: Sequence[Any]) -> np.ndarray:
+def object_array(values: Sequence[Any]) -> np.ndarray:
     """A 1-D object array holding exactly these values (np.array would turn nested lists into extra dims)."""
     out = np.empty(len(values), dtype=object)
     for i, value in enumerate(values):

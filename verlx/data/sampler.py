@@ -46,6 +46,9 @@ class StatefulSampler:
             self.epoch, self.position = self.epoch + 1, 0
         return rows
 
+    def update(self, batch) -> None:
+        """A training step consumed `batch`: this order does not depend on it."""
+
     def state_dict(self) -> dict:
         return {
             "epoch": self.epoch,

@@ -6,37 +6,16 @@ processes re-import the file themselves, so functions from any file work across 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from verlx.reward.scores import default_compute_score
 from verlx.utils.paths import expand_path
+from verlx.utils.user_code import import_file
 
 _CALL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
-
-
-def _import_file(path: str):
-    """Import a Python file as a uniquely named module (two files with one base name must not collide)."""
-    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
-    module_name = f"verlx_custom_reward_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"custom_reward_function.path={path} is not an importable Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as e:
-        del sys.modules[module_name]
-        raise ImportError(f"importing custom_reward_function.path={path} failed: {type(e).__name__}: {e}") from e
-    return module
 
 
 class FileRewardFunction:
@@ -51,7 +30,7 @@ class FileRewardFunction:
                 f"custom_reward_function.path={path} does not exist (resolved to {self.path}); "
                 "point it at a Python file that defines the reward function, or set it to null for the built-in scores"
             )
-        module = _import_file(self.path)
+        module = import_file(self.path, "custom_reward_function.path")
         fn = getattr(module, name, None)
         if not callable(fn):
             defined = sorted(

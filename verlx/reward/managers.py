@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from verlx.config.run import OverlongBufferConfig, RewardConfig
+from verlx.config.reward_model import OverlongBufferConfig
+from verlx.config.run import RewardConfig
 from verlx.protocol import DataProto
 from verlx.reward.isolation import ScoreOutcome, ScorePool
 from verlx.reward.loading import load_reward_function
@@ -33,6 +34,10 @@ SHOWN_TEXT_CHARS = 2000
 MAX_LISTED_SAMPLES = 20
 # what the scores are for → (what is refused, the scope of the failure fraction, the remedy without any score, the
 # remedy with some): the trainer's batches, or main_eval's report
+# what a batch's "rm_scores" (the reward model's, trainer/reward_model.py) are to the manager: the reward itself
+# (veRL: a reward manager returns rm_scores when present), or a value the reward function combines
+# (custom_reward_function.path: extra_info["rm_score"])
+RM_SCORE_USES = ("reward", "extra_info")
 PURPOSES = {
     "train": ("train on", "the batch", "no setting trains on a batch without rewards", "train on"),
     "report": ("report", "the responses", "no setting reports on responses without scores", "report anyway"),
@@ -135,6 +140,8 @@ class NaiveRewardManager:
         overlong_buffer: OverlongBufferConfig | None = None,
         max_response_length: int | None = None,
         purpose: str = "train",
+        overlong_keys: tuple[str, str] = ("reward_model.overlong_buffer", "data.max_response_length"),
+        rm_score_use: str = "reward",
     ):
         self.tokenizer = tokenizer
         self.purpose = PURPOSES[purpose]
@@ -143,6 +150,10 @@ class NaiveRewardManager:
         self.config = config or RewardConfig()
         self.overlong_buffer = overlong_buffer or OverlongBufferConfig()
         self.max_response_length = max_response_length
+        self.overlong_keys = overlong_keys
+        if rm_score_use not in RM_SCORE_USES:
+            raise ValueError(f"rm_score_use={rm_score_use!r} is not one of {RM_SCORE_USES}")
+        self.rm_score_use = rm_score_use
         self._check_config()
         self._pool = (
             ScorePool(self.compute_score, self.config.num_workers, self.config.timeout_s)
@@ -163,12 +174,14 @@ class NaiveRewardManager:
     def _check_shaping(self) -> None:
         if self.overlong_buffer.enable:
             raise ValueError(
-                "reward_model.overlong_buffer.enable=true needs reward_model.reward_manager=dapo "
+                f"{self.overlong_keys[0]}.enable=true needs reward_model.reward_manager=dapo "
                 f"(the {type(self).__name__} does not shape rewards by length)"
             )
 
     # ------------------------------------------------------------------ one batch
     def __call__(self, data: DataProto) -> RewardResult:
+        if "rm_scores" in data.batch and self.rm_score_use == "reward":
+            return self.reward_model_result(data.batch["rm_scores"])
         responses = data.batch["responses"]
         batch_size, width = responses.shape
         mask = self._response_mask(data, width)
@@ -177,6 +190,10 @@ class NaiveRewardManager:
         last = (mask * positions).argmax(-1) if width else torch.zeros(batch_size, dtype=torch.long)
         texts = self._decode(responses, torch.where(lengths > 0, last + 1, 0))
         calls = self._calls(data, texts)
+        if "rm_scores" in data.batch:  # the reward function combines the reward model's score with its own
+            for call, rm_score in zip(calls, data.batch["rm_scores"].sum(-1).tolist()):
+                info = call["extra_info"] if isinstance(call["extra_info"], dict) else {}
+                call["extra_info"] = {**info, "rm_score": rm_score}
         scored, metrics = self.score_calls(calls)
 
         scores = torch.tensor([s.score for s in scored], dtype=torch.float32)
@@ -191,6 +208,14 @@ class NaiveRewardManager:
         if width:
             token_level_scores.scatter_(1, last.cpu()[:, None], rewards[:, None])
         return RewardResult(token_level_scores.to(responses.device), extra, metrics)
+
+    @staticmethod
+    def reward_model_result(rm_scores: torch.Tensor) -> RewardResult:
+        """The reward model's scores as the reward (veRL's reward managers return rm_scores when present): no
+        reward function runs and nothing is shaped."""
+        scores = rm_scores.float()
+        sums = scores.sum(-1).cpu().numpy().astype(np.float64)
+        return RewardResult(scores, {"score": sums, "reward_status": _column(["ok"] * len(sums))})
 
     def score_calls(self, calls: list[dict]) -> tuple[list[_Scored], dict[str, float]]:
         """Score reward-function calls (data_source, solution_str, ground_truth, extra_info), in the isolated pool
@@ -324,15 +349,13 @@ class DAPORewardManager(NaiveRewardManager):
 
     def _check_shaping(self) -> None:
         buffer = self.overlong_buffer
+        key, max_key = self.overlong_keys
         if not buffer.enable:
             return
         if buffer.len <= 0:
-            raise ValueError(f"reward_model.overlong_buffer.len must be > 0 when enabled, got {buffer.len}")
+            raise ValueError(f"{key}.len must be > 0 when enabled, got {buffer.len}")
         if self.max_response_length is None or buffer.len > self.max_response_length:
-            raise ValueError(
-                f"reward_model.overlong_buffer.len={buffer.len} must not exceed data.max_response_length="
-                f"{self.max_response_length}"
-            )
+            raise ValueError(f"{key}.len={buffer.len} must not exceed {max_key}={self.max_response_length}")
 
     def length_shaping(self, lengths: torch.Tensor, extra: dict[str, np.ndarray]) -> torch.Tensor:
         buffer = self.overlong_buffer
@@ -346,15 +369,31 @@ class DAPORewardManager(NaiveRewardManager):
         return penalty.float()
 
 
+def overlong_shaping(config) -> tuple[OverlongBufferConfig, int | None, tuple[str, str]]:
+    """DAPO's overlong settings in force, the response length its window ends at, and their keys: veRL 0.9.1's
+    reward_model.reward_kwargs.overlong_buffer_cfg (ending at reward_kwargs.max_resp_len) when enabled, else the DAPO
+    recipe's reward_model.overlong_buffer (ending at data.max_response_length). One feature, two spellings."""
+    kwargs = config.reward_model.reward_kwargs
+    if kwargs.overlong_buffer_cfg.enable:
+        keys = ("reward_model.reward_kwargs.overlong_buffer_cfg", "reward_model.reward_kwargs.max_resp_len")
+        return kwargs.overlong_buffer_cfg, kwargs.max_resp_len, keys
+    return (config.reward_model.overlong_buffer, config.data.max_response_length,
+            ("reward_model.overlong_buffer", "data.max_response_length"))
+
+
 def build_reward_manager(config, tokenizer) -> NaiveRewardManager:
     """The manager a PPOConfig asks for: reward_model.reward_manager scoring with custom_reward_function (or
-    the built-in scores), isolated per the reward section."""
+    the built-in scores), isolated per the reward section. With a reward model, its scores are the reward unless
+    custom_reward_function.path is set (then the function gets them as extra_info["rm_score"])."""
     manager_cls = REWARD_MANAGERS.get(config.reward_model.reward_manager)
+    buffer, max_length, keys = overlong_shaping(config)
     return manager_cls(
         tokenizer,
         load_reward_function(config.custom_reward_function),
         reward_fn_key=config.data.reward_fn_key,
         config=config.reward,
-        overlong_buffer=config.reward_model.overlong_buffer,
-        max_response_length=config.data.max_response_length,
+        overlong_buffer=buffer,
+        max_response_length=max_length,
+        overlong_keys=keys,
+        rm_score_use="extra_info" if config.custom_reward_function.path else "reward",
     )

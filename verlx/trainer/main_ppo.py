@@ -15,6 +15,7 @@ from verlx.trainer.entrypoint import hydra_command
 from verlx.trainer.preflight import uses_critic_if_known, validate
 from verlx.trainer.ray_startup import start_ray, use_gpus
 from verlx.trainer.resume import NothingToDo, stop_if_finished
+from verlx.trainer.verl_mappings import apply_verl_mappings
 
 logger = logging.getLogger("verlx")
 
@@ -37,8 +38,12 @@ def resolve_hub_models(config: PPOConfig) -> None:
     sections = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
     if uses_critic_if_known(config):
         sections.append(("critic.model", config.critic.model))
-    resolve_model_paths([(f"{key}.{attribute}", section, attribute) for key, section in sections
-                         for attribute in ("path", "tokenizer_path")])
+    fields = [(f"{key}.{attribute}", section, attribute) for key, section in sections
+              for attribute in ("path", "tokenizer_path")]
+    if config.reward_model.enable:
+        fields += [(f"reward_model.model.{attribute}", config.reward_model.model, attribute)
+                   for attribute in ("path", "input_tokenizer")]
+    resolve_model_paths(fields)
 
 
 def prepare(config: PPOConfig):
@@ -52,6 +57,8 @@ def prepare(config: PPOConfig):
     use_gpu = use_gpus(config)
     resolve_hub_models(config)
     validate(config)
+    for note in apply_verl_mappings(config):  # veRL keys served by verlx features of other names, said once
+        logger.info(note)
     rollout = config.actor_rollout_ref.rollout
     rollout.name = resolve_engine_name(rollout.name)
     check_greedy_baseline(config)

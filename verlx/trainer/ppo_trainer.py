@@ -35,6 +35,7 @@ from verlx.trainer.perf_metrics import (
     token_counts,
 )
 from verlx.trainer.resume import ResumePoint, plan_resume
+from verlx.trainer.reward_scoring import RewardScorer
 from verlx.trainer.rollout_modes.staleness import staleness_metrics, stamp
 from verlx.trainer.validation import Validator
 from verlx.utils.paths import expand_path
@@ -44,10 +45,15 @@ from verlx.utils.tracking import Tracking
 from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 from verlx.workers.critic_worker import CriticWorker
 from verlx.workers.engine import engine_class
+from verlx.workers.profile_plan import profile_plan
+from verlx.workers.reward_model_worker import RewardModelWorker
 
 logger = logging.getLogger(__name__)
 GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+SUMMED_REWARD_METRICS = ("reward/errors", "reward/timeouts")
+WORKER_CLASSES = {"actor_rollout_ref": ActorRolloutRefWorker, "critic": CriticWorker,
+                  "reward_model": RewardModelWorker}
 
 
 class RayPPOTrainer:
@@ -73,6 +79,8 @@ class RayPPOTrainer:
         self.resume_planned = False
         self.policy_version = 0  # training steps whose update is done: the weights' version (docs/async.md)
         self.rollout_group = self.pipeline = None
+        self.scorer, self.val_scorer = RewardScorer(config, reward_fn), RewardScorer(config, val_reward_fn)
+        self.profiles_steps = profile_plan(config) is not None  # the workers are told each step's number
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -97,15 +105,20 @@ class RayPPOTrainer:
         roles = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=self.config, role=role)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=self.config)
+        if self.config.reward_model.enable:
+            roles["reward_model"] = RayClassWithInitArgs(RewardModelWorker, config=self.config)
         self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
-        views = self.worker_group.spawn({"actor_rollout_ref": ActorRolloutRefWorker, "critic": CriticWorker}
-                                        if self.use_critic else {"actor_rollout_ref": ActorRolloutRefWorker})
+        views = self.worker_group.spawn({role: WORKER_CLASSES[role] for role in roles})
         for view in views.values():
             view.set_timeouts(t.phase_timeout_s, **t.phase_timeouts)
         self.actor_rollout_wg = views["actor_rollout_ref"]
         self.critic_wg = views.get("critic")
         if self.critic_wg is not None:
             log_worker_settings("critic", self.critic_wg.init_model())
+        if "reward_model" in views:  # its scores come before the reward manager's (trainer/reward_scoring.py)
+            log_worker_settings("reward model", views["reward_model"].init_model())
+            self.scorer = RewardScorer(self.config, self.reward_fn, views["reward_model"], self.world_size)
+            self.val_scorer = RewardScorer(self.config, self.val_reward_fn, views["reward_model"], self.world_size)
         log_worker_settings("actor", self.actor_rollout_wg.init_model())
         self.generator = self.actor_rollout_wg  # what generates: the colocated engines, or a rollout group
         if not colocated:
@@ -175,7 +188,7 @@ class RayPPOTrainer:
         t = self.config.trainer
         tracker = Tracking(t.loggers, t.project_name, t.experiment_name, dataclasses.asdict(self.config),
                            expand_path(t.output_dir))
-        validator = Validator(self.config, self.generator, self.val_reward_fn, self.tokenizer)
+        validator = Validator(self.config, self.generator, self.val_scorer, self.tokenizer)
         self.load_checkpoint()
         last_metrics: dict[str, float] = {}
         try:
@@ -189,6 +202,8 @@ class RayPPOTrainer:
             batches = self._endless_batches()
             self.pipeline = self._start_pipeline(batches)
             while self.global_step < self.total_steps:
+                if self.profiles_steps:  # global_profiler.steps (workers/profile_plan.py)
+                    self.actor_rollout_wg.set_profile_step(self.global_step + 1)
                 if self.pipeline is None:
                     batch = next(batches)
                     self.global_step += 1
@@ -304,6 +319,7 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(timing, counts))
         metrics.update(compute_throughput_metrics(timing, counts, self.world_size))
         metrics.update(step_memory_peak(metrics))
+        self.train_loader.after_step(batch)  # a curriculum sampler (data.sampler) learns from the step's batch
         return metrics
 
     def _expand(self, batch: DataProto) -> DataProto:
@@ -341,12 +357,12 @@ class RayPPOTrainer:
         """Reward scores of a generated batch (and the agent loops' metrics)."""
         metrics.update(multi_turn_metrics(batch))
         with timed("reward", timing):
-            result = self.reward_fn(batch)
+            result = self.scorer(batch)
             batch.batch["token_level_scores"] = result.token_level_scores
             for key, values in result.extra.items():
                 batch.non_tensor_batch[key] = np.asarray(values)
-            for key, value in result.metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + value if key != "reward/error_rate" else value
+            for key, value in result.metrics.items():  # failure counts add up over DAPO's generation rounds
+                metrics[key] = metrics.get(key, 0.0) + value if key in SUMMED_REWARD_METRICS else value
         return batch
 
     def _fill_with_informative_groups(self, batch: DataProto, more_batches, metrics: dict, timing: dict):
@@ -407,7 +423,7 @@ class RayPPOTrainer:
         gen_out.meta_info.pop("metrics", None)
         greedy = prompts.select(batch_keys=[], non_tensor_batch_keys=None, meta_info_keys=[])
         greedy.union(gen_out)
-        return self.reward_fn(greedy).token_level_scores.sum(-1).repeat_interleave(n)
+        return self.scorer(greedy).token_level_scores.sum(-1).repeat_interleave(n)
 
 
 def log_worker_settings(role: str, results: list) -> None:

@@ -203,9 +203,6 @@ def check_algorithm(cfg: PPOConfig, f: Findings) -> None:
 
 def check_unsupported(cfg: PPOConfig, f: Findings) -> None:
     t = cfg.trainer
-    f.require(not cfg.reward_model.enable,
-              "reward_model.enable=true: model-based reward models are not supported yet; use rule rewards "
-              "(custom_reward_function.path) instead")
     f.require(t.default_hdfs_dir is None, "trainer.default_hdfs_dir: HDFS upload is not supported; set it to null")
     for key, ckpt in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.checkpoint),
                       ("critic", cfg.critic.checkpoint)):
@@ -337,6 +334,17 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
                   f"critic.model.path: directory {cfg.critic.model.path!r} does not exist")
 
 
+def check_verl_features(cfg: PPOConfig, f: Findings, world_size: int, check_files: bool) -> None:
+    """The reward model, DAPO's reward_kwargs, gen_batch_size, custom_cls, sampler and the profiler keys."""
+    from verlx.data.config_checks import check_data_features
+    from verlx.trainer.reward_checks import check_rewards
+    from verlx.workers.profile_plan import check_profiler
+
+    check_rewards(cfg, f, world_size, check_files)
+    check_data_features(cfg, f, world_size, check_files)
+    check_profiler(cfg, f, world_size)
+
+
 def uses_critic_if_known(cfg: PPOConfig) -> bool:
     """uses_critic(cfg), False for an unknown algorithm.adv_estimator (which check_names reports)."""
     try:
@@ -361,6 +369,8 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
 
         f.problems += multi_turn_problems(cfg)
         f.problems += rollout_mode_problems(cfg)
+    if not f.problems:
+        check_verl_features(cfg, f, world_size or world_size_of(cfg), check_files)
     if not f.problems:
         check_algorithm(cfg, f)
         check_batch_arithmetic(cfg, f, world_size or world_size_of(cfg))

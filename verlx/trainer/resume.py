@@ -41,10 +41,10 @@ _ROLLOUT_MODE = ("samples generated ahead of the trainer are not saved: a resume
 RESUME_RULES: dict[str, tuple[str, str]] = {
     **{section: (TAKES_EFFECT, "") for section in (
         "data", "actor_rollout_ref", "critic", "reward_model", "reward", "custom_reward_function", "algorithm",
-        "trainer", "ray_kwargs", "rollout")},
+        "trainer", "ray_kwargs", "rollout", "global_profiler")},
     **{key: (MUST_MATCH, _DATA_ORDER) for key in (
         "data.train_files", "data.train_max_samples", "data.prompt_key", "data.shuffle", "data.seed",
-        "data.filter_overlong_prompts", "data.skip_bad_rows", "trainer.seed")},
+        "data.filter_overlong_prompts", "data.skip_bad_rows", "trainer.seed", "data.custom_cls", "data.sampler")},
     "data.train_batch_size": (MUST_MATCH, _STEP_SIZE),
     "actor_rollout_ref.rollout.n": (MUST_MATCH, _STEP_SIZE),
     "actor_rollout_ref.actor.strategy": (MUST_MATCH, _STATE_LAYOUT),

@@ -26,13 +26,14 @@ from verlx.workers.engine import ModelSpec, engine_class
 from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
 from verlx.workers.perf import PhaseTimer, phase_metrics
+from verlx.workers.profiling import StepProfiling
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
 
 logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref")
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(Worker, StepProfiling):
     """`role` is any '_'-joined combination of actor, rollout and ref (e.g. actor_rollout_ref, ref)."""
 
     def __init__(self, config: PPOConfig, role: str = "actor_rollout_ref"):

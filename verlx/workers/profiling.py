@@ -7,6 +7,11 @@ Off unless VERLX_PROFILE_DIR is set in the workers' environment (the driver pass
   VERLX_PROFILE_CALLS=2              which call of each phase (1 = the first: compilation included)
   VERLX_PROFILE_RANKS=0              which ranks
 
+veRL's profiler keys (global_profiler.steps, each role's profiler section) select phases by training step instead
+(workers/profile_plan.py): the driver tells the workers each step's number (`set_profile_step`), and a selected
+phase writes `<phase>_step<n>_rank<r>.json` (a second call in one step, e.g. DAPO's extra generation rounds, adds
+`_2`, `_3`, ...).
+
 A profiled call writes `<phase>_call<n>_rank<r>.json` (a Chrome trace: chrome://tracing or Perfetto) and
 `<phase>_call<n>_rank<r>_summary.json`: the phase's wall time; the device's busy time (the union of its kernel
 intervals) and idle time; the top kernels and host ops; the host-side synchronisations counted by the ops and runtime
@@ -27,6 +32,9 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from verlx.single_controller import Dispatch, register
+from verlx.workers.profile_plan import ProfilePlan, profile_plan
+
 logger = logging.getLogger(__name__)
 DIR_ENV, PHASES_ENV, CALLS_ENV, RANKS_ENV = ("VERLX_PROFILE_DIR", "VERLX_PROFILE_PHASES", "VERLX_PROFILE_CALLS",
                                              "VERLX_PROFILE_RANKS")
@@ -42,10 +50,40 @@ SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::is_nonzero", "aten::no
 ALLOCATOR_CALLS = frozenset({"cudaMalloc", "cudaFree", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
                              "cuMemRelease", "cudaHostAlloc"})
 _calls: Counter = Counter()
+# the profiler keys' plan of this process and the training step running (set_profile_step)
+_plan: ProfilePlan | None = None
+_step: int | None = None
 
 
-def _wanted(phase: str, rank: int) -> tuple[str, int] | None:
-    """(directory, call number) when this call of `phase` on `rank` is to be profiled."""
+class StepProfiling:
+    """Worker mixin: the driver names each training step before it runs when the profiler keys select steps."""
+
+    config = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def set_profile_step(self, step: int) -> None:
+        start_step(self.config, step)
+
+
+def start_step(config, step: int) -> None:
+    """Training step `step` starts in this process: phases selected by global_profiler.steps are traced."""
+    global _plan, _step
+    if _plan is None:
+        _plan = profile_plan(config)
+    _step = int(step)
+
+
+def _wanted(phase: str, rank: int) -> tuple[str, str, frozenset[str], int] | None:
+    """(directory, file stem, tool_config.torch.contents, call number) when this call of `phase` on `rank` is to be
+    profiled: by the profiler keys' plan when it has one, else by the VERLX_PROFILE_* environment."""
+    if _plan is not None:
+        request = _plan.request(phase, _step, rank)
+        if request is None:
+            return None
+        _calls[(phase, _step)] += 1
+        repeat = _calls[(phase, _step)]
+        name = f"{phase}_step{_step}_rank{rank}" + (f"_{repeat}" if repeat > 1 else "")
+        return request.directory, name, request.contents, repeat
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return None
@@ -54,41 +92,53 @@ def _wanted(phase: str, rank: int) -> tuple[str, int] | None:
     calls = [int(c) for c in os.environ.get(CALLS_ENV, "2").split(",")]
     ranks = [int(r) for r in os.environ.get(RANKS_ENV, "0").split(",")]
     if phase in phases and _calls[phase] in calls and rank in ranks:
-        return directory, _calls[phase]
+        return directory, f"{phase}_call{_calls[phase]}_rank{rank}", frozenset(), _calls[phase]
     return None
 
 
 def phase_profile(phase: str, rank: int, device: torch.device):
-    """A context that profiles this call of `phase` when the environment asks for it (else does nothing)."""
+    """A context that profiles this call of `phase` when the profiler keys or the environment ask for it (else does
+    nothing)."""
     wanted = _wanted(phase, rank)
     if wanted is None:
         return nullcontext()
     return _profiled(phase, rank, device, *wanted)
 
 
-@contextmanager
-def _profiled(phase: str, rank: int, device: torch.device, directory: str, call: int):
-    from torch._dynamo.utils import counters
-    from torch.profiler import ProfilerActivity, profile
+def profiler_arguments(device: torch.device, contents: frozenset[str]) -> dict:
+    """torch.profiler.profile's arguments for veRL's tool_config.torch.contents: host activity always, device kernels
+    on a GPU unless contents names others only, memory / shapes / stack as named."""
+    from torch.profiler import ProfilerActivity
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    device_kernels = device.type == "cuda" and (not contents or "cuda" in contents)
+    return {"activities": [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_kernels else []),
+            "profile_memory": "memory" in contents, "record_shapes": "shapes" in contents,
+            "with_stack": "stack" in contents}
+
+
+@contextmanager
+def _profiled(phase: str, rank: int, device: torch.device, directory: str, name: str, contents: frozenset[str],
+              call: int):
+    from torch._dynamo.utils import counters
+    from torch.profiler import profile
+
     graphs_before = counters["stats"]["unique_graphs"]
     start = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with profile(**profiler_arguments(device, contents)) as prof:
         yield
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     wall = time.perf_counter() - start
     os.makedirs(directory, exist_ok=True)
-    stem = os.path.join(directory, f"{phase}_call{call}_rank{rank}")
+    stem = os.path.join(directory, name)
     prof.export_chrome_trace(f"{stem}.json")
     summary = summarize(prof.events(), wall)
-    summary.update(phase=phase, call=call, rank=rank,
+    summary.update(phase=phase, call=call, rank=rank, step=_step, trace=name,
                    compiled_graphs=counters["stats"]["unique_graphs"] - graphs_before)
     with open(f"{stem}_summary.json", "w") as f:
         json.dump(summary, f, indent=1)
-    logger.info("profiled %s (call %d, rank %d): %.3f s wall, device busy %.3f s, %d host syncs; %s_summary.json",
-                phase, call, rank, wall, summary["device_busy_s"], sum(summary["host_syncs"].values()), stem)
+    logger.info("profiled %s (%s): %.3f s wall, device busy %.3f s, %d host syncs; %s_summary.json",
+                phase, name, wall, summary["device_busy_s"], sum(summary["host_syncs"].values()), stem)
 
 
 def _has_ancestor(event, names: frozenset) -> bool:

@@ -12,6 +12,7 @@ from verlx.models.attention import register_packed_attention
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.models.lora import apply_lora
 from verlx.models.policy import PolicyModel, ValueModel, decoder_layers
+from verlx.models.score_model import ScoreModel
 from verlx.utils.lr_schedules import optim_lr_multiplier
 from verlx.utils.paths import expand_path
 
@@ -35,9 +36,10 @@ def attention_for(model_cfg, default: str = "sdpa") -> str:
     return register_packed_attention() if uses_packing(model_cfg) else default
 
 
-def _load_hf(auto_class, path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str, what: str):
-    """`auto_class.from_pretrained` with the model config's overrides, attention and checkpointing; `what` names
-    the config key in the error a failed load raises."""
+def _load_hf(auto_class, path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str, what: str,
+             checkpointing: bool = False):
+    """`auto_class.from_pretrained` with the model config's overrides and attention, activation checkpointing when
+    `checkpointing`; `what` names the config key in the error a failed load raises."""
     import_external_lib(model_cfg.external_lib)
     config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
     try:
@@ -50,7 +52,7 @@ def _load_hf(auto_class, path: str, model_cfg, master_dtype: torch.dtype, attn_i
         )
     except Exception as e:
         raise RuntimeError(f"could not load the model from {path!r} ({what}): {e}") from e
-    if model_cfg.enable_gradient_checkpointing:
+    if checkpointing:
         enable_activation_checkpointing(model)
     return model
 
@@ -62,7 +64,7 @@ def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementa
     from transformers import AutoModelForCausalLM
 
     hf_model = _load_hf(AutoModelForCausalLM, path, model_cfg, master_dtype, attn_implementation,
-                        "actor_rollout_ref.model.path")
+                        "actor_rollout_ref.model.path", model_cfg.enable_gradient_checkpointing)
     if with_lora:
         hf_model = apply_lora(hf_model, model_cfg)
     return PolicyModel(hf_model, packed=uses_packing(model_cfg), sp_group=sp_group)
@@ -73,10 +75,26 @@ def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_imple
     """The HF decoder of the checkpoint (no lm_head) plus a zero-initialised value head."""
     from transformers import AutoModel
 
-    decoder = _load_hf(AutoModel, path, model_cfg, master_dtype, attn_implementation, "critic.model.path")
+    decoder = _load_hf(AutoModel, path, model_cfg, master_dtype, attn_implementation, "critic.model.path",
+                       model_cfg.enable_gradient_checkpointing)
     model = ValueModel(decoder, decoder.config.hidden_size, packed=uses_packing(model_cfg), sp_group=sp_group)
     model.value_head.to(master_dtype)
     return model
+
+
+def load_score_model(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa"
+                     ) -> ScoreModel:
+    """A HF sequence-classification checkpoint (AutoModelForSequenceClassification, one label) as a ScoreModel."""
+    from transformers import AutoModelForSequenceClassification
+
+    hf_model = _load_hf(AutoModelForSequenceClassification, path, model_cfg, master_dtype, attn_implementation,
+                        "reward_model.model.path")
+    score = getattr(hf_model, "score", None)
+    if not isinstance(score, nn.Linear):
+        raise ValueError(f"reward_model.model.path={path}: {type(hf_model).__name__} has no linear `score` head; the "
+                         "reward model must be a decoder sequence-classification model (Llama, Qwen2, Mistral, "
+                         "Gemma ...ForSequenceClassification)")
+    return ScoreModel(hf_model.base_model, score, packed=uses_packing(model_cfg))
 
 
 def compile_for_training(model: nn.Module, enabled: bool, device: torch.device) -> None:

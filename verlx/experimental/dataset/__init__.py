@@ -1,0 +1,1 @@
+"""veRL's verl.experimental.dataset import path."""
