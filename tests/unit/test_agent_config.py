@@ -9,7 +9,7 @@ import pytest
 
 from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
-from verlx.rollout.agent.config_checks import multi_turn_problems
+from verlx.rollout.agent.config_checks import agent_loop_problems
 from verlx.trainer.preflight import validate
 
 ON = ["actor_rollout_ref.rollout.multi_turn.enable=true", "data.return_raw_chat=true",
@@ -23,17 +23,17 @@ def config(*overrides):
 def test_defaults_follow_verl_layout():
     mt = config().actor_rollout_ref.rollout.multi_turn
     assert (mt.enable, mt.max_assistant_turns, mt.max_parallel_calls, mt.max_tool_response_length, mt.format,
-            mt.tool_config_path, mt.default_agent) == (False, 5, 1, 256, "hermes", None, "single_turn")
-    assert multi_turn_problems(config()) == []
-    assert multi_turn_problems(config(*ON)) == []
+            mt.tool_config_path) == (False, 5, 1, 256, "hermes", None)
+    assert agent_loop_problems(config()) == []
+    assert agent_loop_problems(config(*ON)) == []
 
 
 @pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.rollout.name=hf", "rollout.name=hf cannot; use native"),
+    ("actor_rollout_ref.rollout.name=hf", "rollout.name=hf has none; use native"),
     ("data.return_raw_chat=false", "needs data.return_raw_chat=true"),
     ("actor_rollout_ref.rollout.multi_turn.format=hermez", "unknown tool-call format 'hermez'.*Did you mean 'hermes'"),
-    ("actor_rollout_ref.rollout.multi_turn.default_agent=tool_agnt", "unknown agent loop 'tool_agnt'"),
-    ("actor_rollout_ref.rollout.multi_turn.default_agent=no.such:Loop", "default_agent: .*cannot import Loop"),
+    ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agnt", "unknown agent loop 'tool_agnt'"),
+    ("actor_rollout_ref.rollout.agent.default_agent_loop=no.such:Loop", "default_agent_loop: .*cannot import Loop"),
     ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=0", "max_assistant_turns=0 must be >= 1"),
     ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=0", "max_parallel_calls=0 must be >= 1"),
     ("actor_rollout_ref.rollout.multi_turn.tool_timeout_s=0", "tool_timeout_s=0.0 must be > 0"),
@@ -43,13 +43,13 @@ def test_defaults_follow_verl_layout():
      "tool_config_path: .*'/nonexistent/tools.yaml' does not exist"),
 ])
 def test_bad_values_are_named(override, message):
-    problems = multi_turn_problems(config(*ON, override))
+    problems = agent_loop_problems(config(*ON, override))
     assert len(problems) == 1, problems
     assert re.search(message, problems[0]), problems[0]
 
 
 def test_vllm_tensor_parallel_is_refused():
-    problems = multi_turn_problems(config(*ON, "actor_rollout_ref.rollout.name=vllm",
+    problems = agent_loop_problems(config(*ON, "actor_rollout_ref.rollout.name=vllm",
                                           "actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
     assert problems and "tensor_model_parallel_size=1" in problems[0]
 
@@ -74,7 +74,7 @@ def test_agent_names_and_prompt_room_are_checked_on_the_loaded_data(tmp_path):
 
     rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": f"{k}*3=?"}],
              "agent_name": name, "reward_model": {"ground_truth": str(3 * k)}}
-            for k, name in enumerate(["tool_agent", "single_turn", "tool_agnet"])]
+            for k, name in enumerate(["tool_agent", "single_turn_agent", "tool_agnet"])]
     path = write_parquet_atomic(rows, str(tmp_path / "train.parquet"))
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - name: calculator\n")

@@ -125,7 +125,8 @@ def _partial_rollout_problems(cfg) -> list[str]:
     if rollout.name in NO_PARTIAL_ROLLOUT:
         problems.append(f"trainer.partial_rollout=true: actor_rollout_ref.rollout.name={rollout.name} cannot pause a "
                         f"generation and continue it with new weights; use rollout.name=native")
-    if rollout.multi_turn.enable:
-        problems.append("trainer.partial_rollout=true with actor_rollout_ref.rollout.multi_turn.enable=true is not "
-                        "supported: an agent loop's turns are not interrupted")
+    if rollout.uses_agent_loop:
+        key = "mode=async" if rollout.mode == "async" else "multi_turn.enable=true"
+        problems.append(f"trainer.partial_rollout=true with actor_rollout_ref.rollout.{key} (the agent-loop rollout) "
+                        "is not supported: an agent loop's turns are not interrupted")
     return problems
