@@ -42,7 +42,7 @@ def runner_for(config) -> AgentLoopRunner:
 def assert_same_batch(sync, agent):
     assert sorted(sync.batch.keys()) == sorted(agent.batch.keys())
     assert sorted(sync.non_tensor_batch) == sorted(agent.non_tensor_batch)
-    for key in sync.batch.keys():
+    for key in sync.batch:
         a, b = sync.batch[key], agent.batch[key]
         assert (a.shape, a.dtype) == (b.shape, b.dtype), key
         if key == "rollout_log_probs":

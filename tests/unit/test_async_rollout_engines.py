@@ -66,7 +66,7 @@ def test_single_turn_agent_loop_gives_the_synchronous_batch(kind, tmp_path, undo
     agent = runner.generate(engine, batch)
     assert sorted(sync.batch.keys()) == sorted(agent.batch.keys())
     assert sorted(sync.non_tensor_batch) == sorted(agent.non_tensor_batch) == []
-    for key in sync.batch.keys():
+    for key in sync.batch:
         assert sync.batch[key].dtype == agent.batch[key].dtype, key
         torch.testing.assert_close(sync.batch[key], agent.batch[key], rtol=0, atol=1e-6, msg=key)
     assert sync.batch["response_mask"].sum(-1).min() >= 1

@@ -128,10 +128,11 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
         except (KeyError, ValueError) as e:
             f.problems.append(f"{which}: column agent_name: {e}")
             continue
-        if f.require(isinstance(cls, type) and issubclass(cls, AgentLoop),
-                     f"{which}: column agent_name: {name} is not an AgentLoop subclass") and cls.uses_tools:
-            if f.require(mt.enable, f"{which}: column agent_name: {name} calls tools, which needs {KEY}.enable=true"):
-                tool_rows += [i for i, n in enumerate(names) if n == name]
+        is_loop = f.require(isinstance(cls, type) and issubclass(cls, AgentLoop),
+                            f"{which}: column agent_name: {name} is not an AgentLoop subclass")
+        if is_loop and cls.uses_tools and f.require(
+                mt.enable, f"{which}: column agent_name: {name} calls tools, which needs {KEY}.enable=true"):
+            tool_rows += [i for i, n in enumerate(names) if n == name]
     raw = dataset.column("raw_prompt")
     if f.problems or not tool_rows or raw is None:
         return f.problems

@@ -19,7 +19,8 @@ def rollout_mode_problems(cfg) -> list[str]:
     problems = rollout_correction_problems(cfg)
     t = cfg.trainer
     if t.rollout_mode not in MODES:
-        return [*problems, f"trainer.rollout_mode={t.rollout_mode!r} is not one of {list(MODES)}"]
+        return [*problems, f"trainer.rollout_mode={t.rollout_mode!r} is not one of {list(MODES)} (off-policy training, "
+                           "docs/async.md; veRL's agent-loop rollout is actor_rollout_ref.rollout.mode=async)"]
     if t.staleness_policy not in STALENESS_POLICIES:
         problems.append(f"trainer.staleness_policy={t.staleness_policy!r} is not one of {list(STALENESS_POLICIES)}")
     problems += _placement_problems(cfg)
