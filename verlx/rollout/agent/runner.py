@@ -86,7 +86,8 @@ class AgentLoopRunner:
         loops: dict[str, AgentLoop] = {}
         await backend.start()
         try:
-            samples = [self._prepare(backend, executor, loops, prompts, i, j, i * n + j)
+            rows = _prompt_rows(prompts)
+            samples = [self._prepare(backend, executor, loops, prompts, rows[i], i, i * n + j)
                        for i in range(len(prompts)) for j in range(n)]
             tasks = [asyncio.create_task(self._run_one(*sample)) for sample in samples]
             if keep is None or keep >= len(tasks):
@@ -122,9 +123,10 @@ class AgentLoopRunner:
             loops[name] = cls(env)
         return loops[name]
 
-    def _prepare(self, backend, executor, loops, prompts: DataProto, i: int, j: int,
+    def _prepare(self, backend, executor, loops, prompts: DataProto, row_ids: list[int], i: int,
                  index: int) -> tuple[AgentLoop, AgentSample, str, int]:
-        """The loop of row i's j-th sample and its starting state (prompt ids rendered as the loop needs)."""
+        """The loop of sample `index` (of row i, whose prompt ids are `row_ids`) and its starting state (the prompt
+        rendered again with the tools' schemas for loops that use tools)."""
         nt = prompts.non_tensor_batch
         default = self.config.agent.default_agent_loop
         name = str(nt["agent_name"][i]) if "agent_name" in nt and nt["agent_name"][i] else default
@@ -139,7 +141,7 @@ class AgentLoopRunner:
                 raise ValueError(f"sample {index}: the prompt rendered with the tools' schemas has {len(prompt_ids)} "
                                  f"tokens, more than data.max_prompt_length={self.config.prompt_length}; raise it")
         else:
-            prompt_ids = _row_ids(prompts, i)
+            prompt_ids = row_ids
         traj = Trajectory(prompt_ids, int(self.config.response_length), messages=list(messages or []))
         extra = nt["extra_info"][i] if "extra_info" in nt else None
         tools_kwargs = (extra.get("tools_kwargs") if isinstance(extra, dict) else None) or {}
@@ -246,9 +248,10 @@ def _pack(rows: list[list], width: int, pad: int, left: bool) -> tuple[torch.Ten
     return values, mask.long()
 
 
-def _row_ids(prompts: DataProto, i: int) -> list[int]:
-    ids, mask = prompts.batch["input_ids"][i], prompts.batch["attention_mask"][i].bool()
-    return ids[mask].tolist()
+def _prompt_rows(prompts: DataProto) -> list[list[int]]:
+    """Every row's real (unpadded) prompt ids, with one device-to-host copy."""
+    ids, mask = prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].cpu().bool()
+    return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
 def _messages(raw: Any) -> list[dict]:
