@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 import pickle
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -96,6 +97,8 @@ class FakeSGLang:
     undo: Any = None
     #: (prompt ids, sample index, sampling params) -> (tokens, log-probs, finish reason); tests may script it
     completion: Any = fake_completion
+    #: prompt ids -> event-loop rounds an async_generate request takes (requests overtake each other)
+    async_rounds: Any = None
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -120,7 +123,12 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             self.released: set[str] = set()
             self.session_open = False
             self.received: list[list[tuple[str, Any]]] = []
+            self.tokenizer_manager = SimpleNamespace(abort_request=self._abort_request)
             state.engines.append(self)
+
+        def _abort_request(self, rid: str = "", abort_all: bool = False):
+            """TokenizerManager.abort_request: sends AbortReq(rid, abort_all) to the scheduler."""
+            state.calls.append(("abort_request", rid, abort_all))
 
         def _clipped(self, prompt, sampling_params: dict) -> dict:
             """SGLang's scheduler: max_new_tokens ≤ context_length - len(prompt) - 2 (its max_req_len is
@@ -158,7 +166,8 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
                 raise RuntimeError("async_generate awaited outside the engine's event loop")
             if self.released:
                 raise RuntimeError(f"generate while {sorted(self.released)} are released")
-            await asyncio.sleep(0)
+            for _ in range(state.async_rounds(list(input_ids)) if state.async_rounds else 1):
+                await asyncio.sleep(0)
             tokens, lps, reason = state.completion(list(input_ids), 0, self._clipped(input_ids, sampling_params))
             meta = {"id": f"a{len(state.calls)}", "prompt_tokens": len(input_ids), "completion_tokens": len(tokens),
                     "cached_tokens": 0, "finish_reason": {"type": reason}}

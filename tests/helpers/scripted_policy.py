@@ -12,7 +12,7 @@ import asyncio
 import numpy as np
 import torch
 
-from verlx.config.roles import MultiTurnConfig, RolloutConfig
+from verlx.config.roles import AgentLoopConfig, MultiTurnConfig, RolloutConfig
 from verlx.protocol import DataProto
 from verlx.rollout.agent.backends import GenerationBackend, GenOutput
 from verlx.rollout.base import SamplingParams
@@ -39,9 +39,11 @@ class ScriptedBackend(GenerationBackend):
         return GenOutput(out, [scripted_logprob(t, i) for i, t in enumerate(out)], reason)
 
 
-def rollout_config(prompt_length: int = 2048, response_length: int = 512, **multi_turn) -> RolloutConfig:
+def rollout_config(prompt_length: int = 2048, response_length: int = 512,
+                   default_agent_loop: str = "single_turn_agent", **multi_turn) -> RolloutConfig:
     config = RolloutConfig(prompt_length=prompt_length, response_length=response_length, calculate_log_probs=True)
     config.multi_turn = MultiTurnConfig(enable=True, **multi_turn)
+    config.agent = AgentLoopConfig(default_agent_loop=default_agent_loop)
     return config
 
 

@@ -13,7 +13,7 @@ from engine_fakes.fake_sglang import install_fake_sglang
 from engine_fakes.fake_vllm import RequestOutputKind, install_fake_vllm
 from helpers.chat_templates import build_chat_tokenizer
 from helpers.scripted_policy import prompt_batch
-from verlx.config.roles import MultiTurnConfig
+from verlx.config.roles import AgentLoopConfig, MultiTurnConfig
 from verlx.rollout.agent.backends import GenOutput, SteppedBackend, backend_for
 from verlx.rollout.agent.builtin_tools import calculator
 from verlx.rollout.agent.runner import AgentLoopRunner
@@ -53,7 +53,8 @@ def multi_turn_ctx(tmp_path, name):
     assert TOK.convert_tokens_to_ids("<|im_end|>") == EOS and TOK.pad_token_id == PAD
     ctx = make_ctx(str(tmp_path / "model"), load_format="auto", prompt_length=2048, response_length=RESPONSE_LENGTH,
                    name=name)
-    ctx.config.multi_turn = MultiTurnConfig(enable=True, default_agent="tool_agent")
+    ctx.config.multi_turn = MultiTurnConfig(enable=True)
+    ctx.config.agent = AgentLoopConfig(default_agent_loop="tool_agent")
     return ctx
 
 
@@ -126,7 +127,8 @@ def test_vllm_requests_join_as_samples_return_from_tools(tmp_path, undo, monkeyp
 
 
 def test_hf_engine_is_refused_with_the_supported_names():
-    with pytest.raises(ValueError, match=r"rollout.name=hf cannot \(supported: native, sglang, vllm\)"):
+    with pytest.raises(ValueError, match=r"mode=async or multi_turn.enable=true.*rollout.name=hf cannot \(supported: "
+                                         r"native, sglang, vllm\)"):
         backend_for("hf")
 
 
@@ -152,10 +154,13 @@ class FlakyEngine(SteppedBackend):
     def _busy(self):
         return bool(self.live)
 
+    def _abort(self, request_ids):
+        self.live = [r for r in self.live if r not in request_ids]
+
 
 def test_a_refused_request_loses_its_sample_and_an_engine_failure_fails_the_batch(tmp_path):
     ctx_config = make_ctx(str(tmp_path / "model"), prompt_length=2048, response_length=64).config
-    ctx_config.multi_turn = MultiTurnConfig(enable=True, default_agent="single_turn")
+    ctx_config.multi_turn = MultiTurnConfig(enable=True)
     runner = AgentLoopRunner(ctx_config, TOK, [EOS], PAD, tools=TOOLS)
     question = [{"role": "user", "content": "What is 12*34?"}]
     batch = runner.generate_with(FlakyEngine(), prompt_batch(TOK, [question] * 3, width=2048), n=1)

@@ -45,7 +45,7 @@ def run(tok, turns_text, tools=TOOLS, conversations=None, response_length=512, e
     stop = tok.convert_tokens_to_ids("<|im_end|>")
     turns = {k: [enc(tok, t) for t in texts] for k, texts in enumerate(turns_text)}
     backend = ScriptedBackend(turns, [stop])
-    mt.setdefault("default_agent", "tool_agent")
+    mt.setdefault("default_agent_loop", "tool_agent")
     runner = AgentLoopRunner(rollout_config(response_length=response_length, **mt), tok, [stop],
                              tok.pad_token_id, tools=tools)
     batch = runner.generate_with(backend, prompt_batch(tok, conversations, extra_infos=extra_infos), n=1)
@@ -253,7 +253,7 @@ def test_max_assistant_turns_stops_a_model_that_never_stops_calling(tok):
 
 def test_single_turn_loop_uses_the_dataset_prompt_unchanged(tok):
     answer = "408<|im_end|>"
-    batch, backend, _ = run(tok, [[answer]], default_agent="single_turn")
+    batch, backend, _ = run(tok, [[answer]], default_agent_loop="single_turn_agent")
     data_prompt = enc(tok, tok.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False))
     assert backend.requests[0][2] == data_prompt
     assert_row(batch, 0, expected(tok, [(answer, True)]))

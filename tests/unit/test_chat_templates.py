@@ -65,7 +65,7 @@ def run(template, turns, agent="tool_agent", template_kwargs=None, **mt):
     tok = build_chat_tokenizer(template)
     stop = tok.convert_tokens_to_ids(STOP_TOKENS[template])
     backend = ScriptedBackend({0: [enc(tok, t) for t in turns]}, [stop])
-    config = rollout_config(default_agent=agent, **mt)
+    config = rollout_config(default_agent_loop=agent, **mt)
     runner = AgentLoopRunner(config, tok, [stop], tok.pad_token_id, template_kwargs=template_kwargs, tools=TOOLS)
     return tok, backend, runner.generate_with(backend, prompt_batch(tok, [QUESTION]), n=1)
 
@@ -126,7 +126,8 @@ def test_template_that_rewrites_history_has_no_delta_and_is_counted():
                          + tok.chat_template)  # the header changes whenever a message is added
     stop = tok.convert_tokens_to_ids("<|im_end|>")
     backend = ScriptedBackend({0: [enc(tok, hermes("1+1") + "<|im_end|>"), enc(tok, "2<|im_end|>")]}, [stop])
-    runner = AgentLoopRunner(rollout_config(default_agent="tool_agent"), tok, [stop], tok.pad_token_id, tools=TOOLS)
+    runner = AgentLoopRunner(rollout_config(default_agent_loop="tool_agent"), tok, [stop], tok.pad_token_id,
+                             tools=TOOLS)
     batch = runner.generate_with(backend, prompt_batch(tok, [QUESTION]), n=1)
     nt = batch.non_tensor_batch
     assert nt["multi_turn_template_mismatch"][0] and nt["multi_turn_stop_reason"][0] == "error"

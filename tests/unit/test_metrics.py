@@ -46,6 +46,9 @@ def test_data_metrics_with_critic():
         # response lengths 3, 1, 2 (one of three at R = 3); prompt lengths 3, 4, 2 (one of three at P = 4)
         "response_length/mean": 2.0, "response_length/max": 3.0, "response_length/min": 1.0,
         "response_length/clip_ratio": 1 / 3,
+        "response/aborted_ratio": 0.0,  # every sample has a response
+        "response_length_non_aborted/mean": 2.0, "response_length_non_aborted/max": 3.0,
+        "response_length_non_aborted/min": 1.0, "response_length_non_aborted/clip_ratio": 1 / 3,
         "prompt_length/mean": 3.0, "prompt_length/max": 4.0, "prompt_length/min": 2.0,
         "prompt_length/clip_ratio": 1 / 3,
     }
@@ -59,3 +62,21 @@ def test_data_metrics_without_critic_has_no_value_metrics():
     m = compute_data_metrics(batch(with_values=False), use_critic=False)
     assert not any(k.startswith("critic/values") or k == "critic/vf_explained_var" for k in m)
     assert m["critic/advantages/mean"] == pytest.approx(1.5)
+
+
+def test_aborted_samples_leave_the_score_and_length_statistics():
+    """A sample over_sample_rate cancelled has no response token (attention and response_mask zero): counted in
+    response/aborted_ratio, left out of critic/score, critic/rewards and response_length_non_aborted (veRL)."""
+    data = batch(with_values=False)
+    b = data.batch
+    b["attention_mask"][2, 4:] = 0
+    b["response_mask"][2] = 0
+    m = compute_data_metrics(data, use_critic=False)
+    assert m["response/aborted_ratio"] == pytest.approx(1 / 3)
+    # scores of the two kept samples: 1 and 0.5 (the aborted one's 0 is left out); rewards 0.9 and 0.5
+    assert (m["critic/score/mean"], m["critic/score/max"], m["critic/score/min"]) == pytest.approx((0.75, 1.0, 0.5))
+    assert (m["critic/rewards/mean"], m["critic/rewards/min"]) == pytest.approx((0.7, 0.5))
+    # kept lengths 3 and 1 (one at R = 3); response_length counts all three samples, the aborted one as 0
+    assert (m["response_length_non_aborted/mean"], m["response_length_non_aborted/min"]) == pytest.approx((2.0, 1.0))
+    assert m["response_length_non_aborted/clip_ratio"] == pytest.approx(0.5)
+    assert (m["response_length/mean"], m["response_length/min"]) == pytest.approx((4 / 3, 0.0))

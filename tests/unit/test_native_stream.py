@@ -105,7 +105,7 @@ def test_native_backend_serves_concurrent_coroutines(engine):
     outs = asyncio.run(run())
     stream, _ = engine.open_stream(params)
     for k in range(5):
-        stream.submit(str(k), ids[k], NEW - k, row_seed(99, k, 0))
+        stream.submit(str(k), ids[k], NEW - k, row_seed(row_seed(99, k), 0))  # what batch generate gives row k
     want = {}
     while stream.busy:
         want.update({key: t for key, t, _ in stream.step()})

@@ -115,8 +115,15 @@ class MultiTurnConfig:
     tool_timeout_s: float = 30.0
     tool_config_path: str | None = None
     format: str = "hermes"
-    default_agent: str = "single_turn"
     on_template_mismatch: str = "mask"
+
+
+@dataclass
+class AgentLoopConfig:
+    """veRL's `rollout.agent` section (docs/rollout.md, "rollout.mode=async")."""
+
+    num_workers: int = 8
+    default_agent_loop: str = "single_turn_agent"
 
 
 # rollout.dtype: the names every rollout engine understands (each maps the short ones to its own spelling)
@@ -127,6 +134,7 @@ ROLLOUT_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 class RolloutConfig:
     name: str = "auto"
     mode: str = "sync"
+    over_sample_rate: float = 0.0
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -159,7 +167,14 @@ class RolloutConfig:
     layered_summon: bool = False
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+
+    @property
+    def uses_agent_loop(self) -> bool:
+        """Every batch goes through the agent-loop runner: rollout.mode=async (veRL's agent-loop rollout) or
+        multi_turn.enable=true (tools; also with mode=sync)."""
+        return self.mode == "async" or self.multi_turn.enable
 
 
 @dataclass

@@ -64,6 +64,10 @@ def validate(config: GenerationConfig) -> None:
     f.require(not r.multi_turn.enable,
               "rollout.multi_turn.enable=true: main_generation writes single-turn responses; multi-turn agent loops "
               "(tools) run in training (main_ppo); set rollout.multi_turn.enable=false")
+    f.choice("rollout.mode", r.mode, ("sync", "async"))
+    f.require(r.over_sample_rate == 0,
+              f"rollout.over_sample_rate={r.over_sample_rate}: main_generation writes a response for every prompt, and "
+              "over-sampling would leave some empty; set it to 0")
     f.require(not r.load_format.startswith("dummy"),
               f"rollout.load_format={r.load_format}: nothing pushes weights into the engine here, so it must load them "
               "from model.path; use load_format=auto")

@@ -27,11 +27,14 @@ def _stats(name: str, values: torch.Tensor, mask: torch.Tensor | None = None) ->
 
 def compute_data_metrics(batch, use_critic: bool) -> dict[str, float]:
     """critic/{score,rewards,advantages,returns}/{mean,max,min}, critic/values/* and critic/vf_explained_var with a
-    critic, response_length/* and prompt_length/* (with clip_ratio: the share of samples at the maximum length).
+    critic, response_length/* and prompt_length/* (with clip_ratio: the share of samples at the maximum length),
+    response/aborted_ratio and response_length_non_aborted/*.
 
-    Scores and rewards are per-sample sums of token_level_scores / token_level_rewards; advantages, returns and
-    values are taken over response tokens (response_mask); prompt lengths count attention_mask[:, :P] where P is
-    the prompt width (attention_mask width minus the response width).
+    Scores and rewards are per-sample sums of token_level_scores / token_level_rewards over the samples that were
+    not aborted; advantages, returns and values are taken over response tokens (response_mask); prompt lengths
+    count attention_mask[:, :P] where P is the prompt width (attention_mask width minus the response width). As in
+    veRL, a sample is *aborted* when its response has no token at all (attention_mask[:, P:] all zero): the ones
+    rollout.over_sample_rate cancelled.
     """
     b = batch.batch
     response_mask = b["response_mask"].bool()
@@ -40,10 +43,11 @@ def compute_data_metrics(batch, use_critic: bool) -> dict[str, float]:
     max_prompt_length = prompt_mask.shape[-1]
     response_length = response_mask.sum(-1).float()
     prompt_length = prompt_mask.sum(-1).float()
+    kept = b["attention_mask"][:, max_prompt_length:].sum(-1) > 0
 
     metrics = {
-        **_stats("critic/score", b["token_level_scores"].sum(-1)),
-        **_stats("critic/rewards", b["token_level_rewards"].sum(-1)),
+        **_stats("critic/score", b["token_level_scores"].sum(-1), kept),
+        **_stats("critic/rewards", b["token_level_rewards"].sum(-1), kept),
         **_stats("critic/advantages", b["advantages"], response_mask),
         **_stats("critic/returns", b["returns"], response_mask),
     }
@@ -54,6 +58,10 @@ def compute_data_metrics(batch, use_critic: bool) -> dict[str, float]:
         metrics["critic/vf_explained_var"] = explained
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = (response_length == max_response_length).float().mean()
+    metrics["response/aborted_ratio"] = (~kept).float().mean()
+    metrics.update(_stats("response_length_non_aborted", response_length, kept))
+    at_limit = (response_length == max_response_length) & kept
+    metrics["response_length_non_aborted/clip_ratio"] = at_limit.float().sum() / kept.sum().clamp(min=1)
     metrics.update(_stats("prompt_length", prompt_length))
     metrics["prompt_length/clip_ratio"] = (prompt_length == max_prompt_length).float().mean()
 

@@ -405,8 +405,8 @@ class RayPPOTrainer:
         return self.pipeline.staleness_bound() if self.pipeline is not None else 0
 
     def _gen_inputs(self, batch: DataProto) -> DataProto:
-        """The prompt tensors, plus the columns the agent loop reads when multi_turn is on."""
-        enabled = self.config.actor_rollout_ref.rollout.multi_turn.enable
+        """The prompt tensors, plus the columns the agent loop reads (rollout.mode=async or multi_turn.enable)."""
+        enabled = self.config.actor_rollout_ref.rollout.uses_agent_loop
         return batch.select(list(GEN_INPUTS), agent_input_keys(batch, enabled), [])
 
     def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:

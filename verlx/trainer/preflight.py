@@ -69,7 +69,6 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     f.choice("data.truncation", cfg.data.truncation, ["error", *PROMPT_TRUNCATIONS.names()])
     f.choice("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
     f.choice("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, ROLLOUT_DTYPES)
-    f.choice("actor_rollout_ref.rollout.mode", arr.rollout.mode, ("sync",))
     for key, optim in (("actor_rollout_ref.actor.optim", arr.actor.optim), ("critic.optim", cfg.critic.optim)):
         f.choice(f"{key}.lr_scheduler_type", optim.warmup_style or optim.lr_scheduler_type, LR_SCHEDULES.names())
         f.choice(f"{key}.optimizer", optim.optimizer, ("AdamW",))
@@ -364,10 +363,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
 
         f.problems += megatron_problems(cfg, world_size or world_size_of(cfg))
     if not f.problems:
-        from verlx.rollout.agent.config_checks import multi_turn_problems
+        from verlx.rollout.agent.config_checks import agent_loop_problems
         from verlx.trainer.rollout_modes.config_checks import rollout_mode_problems
 
-        f.problems += multi_turn_problems(cfg)
+        f.problems += agent_loop_problems(cfg)
         f.problems += rollout_mode_problems(cfg)
     if not f.problems:
         check_verl_features(cfg, f, world_size or world_size_of(cfg), check_files)

@@ -38,7 +38,7 @@ class Validator:
         records: list[dict] = []
         for batch in loader:
             batch = batch.repeat(n, interleave=True)
-            keys = agent_input_keys(batch, self.config.actor_rollout_ref.rollout.multi_turn.enable)
+            keys = agent_input_keys(batch, self.config.actor_rollout_ref.rollout.uses_agent_loop)
             gen_in, pad = batch.select(list(GEN_INPUTS), keys, []).pad_to_divisor(self.world_size)
             # rows are already repeated n times: one sample per row
             gen_in.meta_info.update({"validate": True, "n": 1, "do_sample": val_kwargs.do_sample,

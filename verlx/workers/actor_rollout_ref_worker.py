@@ -233,7 +233,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         return out
 
     def _generate(self, prompts: DataProto) -> DataProto:
-        if self.config.actor_rollout_ref.rollout.multi_turn.enable:
+        if self.config.actor_rollout_ref.rollout.uses_agent_loop:  # rollout.mode=async or multi_turn.enable
             return self._agent_runner().generate(self.engine, prompts)
         if "generation_id" in prompts.meta_info:  # partial rollout: stoppable by interrupt_generation
             from verlx.rollout.interruptible import check_supports_partial, generate_interruptible
@@ -301,7 +301,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         return {"seconds": time.perf_counter() - start}
 
     def _agent_runner(self):
-        """Multi-turn rollouts: the agent-loop runner (tools loaded once per worker); docs/multi_turn.md."""
+        """The agent-loop rollout's runner (tools loaded once per worker); docs/rollout.md, docs/multi_turn.md."""
         if getattr(self, "agent_runner", None) is None:
             from verlx.rollout.agent.runner import AgentLoopRunner
 

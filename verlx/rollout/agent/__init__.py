@@ -1,10 +1,12 @@
-"""Multi-turn, tool-calling rollouts built from token ids (docs/multi_turn.md).
+"""The agent-loop rollout (rollout.mode=async, docs/rollout.md) and multi-turn, tool-calling rollouts built from
+token ids (docs/multi_turn.md).
 
 Pieces, one module each: `tools` (tool registry, the @tool decorator, schemas), `tool_config` (the YAML tool
 file), `builtin_tools` (calculator, python), `sandbox` (a limited subprocess for code), `parsers` (tool-call
 formats), `chat` (chat-template deltas and the once-per-sample re-tokenisation check), `trajectory` (token ids,
-masks and log-probs of one sample), `loops` (the agent-loop registry: single_turn, tool_agent, user
+masks and log-probs of one sample), `loops` (the agent-loop registry: single_turn_agent, tool_agent, user
 `module:Class`), `execution` (concurrent tool calls with timeouts and caps), `backends` and `engine_backends`
 (how each engine takes requests as they come), `runner` (a batch of samples as coroutines → the rollout batch),
-`metrics` (the driver's multi_turn/* and tool/* metrics), `config_checks`.
+`oversampling` (over_sample_rate: cancel the slowest samples), `metrics` (the driver's multi_turn/* and tool/*
+metrics), `config_checks` (rollout.mode, agent.*, multi_turn.*).
 """

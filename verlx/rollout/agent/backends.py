@@ -5,7 +5,7 @@ per request, whatever the engine. Registry AGENT_BACKENDS by rollout.name:
   next decode round (every `sync_interval` steps); a finished request frees its slot at once.
 * sglang: `Engine.async_generate` per request on the engine's own event loop (SGLang batches them continuously).
 * vllm: `llm_engine.add_request` per request and `llm_engine.step()` in a driver task (continuous batching).
-The hf engine has none: multi_turn with rollout.name=hf is refused before anything starts.
+The hf engine (and a custom engine) has none: the agent-loop rollout with it is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from verlx.rollout.base import SamplingParams
 from verlx.utils.registry import Registry
 
-AGENT_BACKENDS: Registry[type[GenerationBackend]] = Registry("multi-turn engine backend",
+AGENT_BACKENDS: Registry[type[GenerationBackend]] = Registry("agent-loop engine backend",
                                                                "actor_rollout_ref.rollout.name")
 
 
@@ -48,6 +48,10 @@ class GenerationBackend(abc.ABC):
 
     async def stop(self) -> None:
         """Stop them; pending requests are cancelled."""
+
+    def cut(self) -> None:
+        """over_sample_rate: abort every request in flight now (their samples are being cancelled). Called from
+        the running loop."""
 
     def run(self, make_coro):
         return asyncio.run(make_coro())
@@ -102,9 +106,9 @@ class SteppedBackend(GenerationBackend):
                     try:
                         self._submit(request_id, ids, max_new, key)
                     except ValueError as e:  # this request is refused; the others go on
-                        self._futures.pop(request_id).set_exception(e)
+                        self._resolve(request_id, e)
                 for request_id, output in self._step():
-                    self._futures.pop(request_id).set_result(output)
+                    self._resolve(request_id, output)
                 await asyncio.sleep(0)
         except Exception as e:  # the engine failed: every waiting and later sample gets the error
             self.error = e
@@ -112,6 +116,24 @@ class SteppedBackend(GenerationBackend):
                 if not future.done():
                     future.set_exception(e)
             self._futures.clear()
+
+    def _resolve(self, request_id: str, outcome: GenOutput | Exception) -> None:
+        """Hand a request's outcome to its sample, unless that sample was cancelled (over_sample_rate)."""
+        future = self._futures.pop(request_id, None)
+        if future is None or future.done():
+            return
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    def cut(self) -> None:
+        """Queued requests are never submitted, the engine aborts the running ones; their samples are being
+        cancelled (a result that still arrives is dropped)."""
+        self._queue = []
+        pending = set(self._futures)
+        self._futures.clear()
+        self._abort(pending)
 
     @abc.abstractmethod
     def _submit(self, request_id: str, ids: list[int], max_new_tokens: int, key: tuple[int, int]) -> None: ...
@@ -122,8 +144,12 @@ class SteppedBackend(GenerationBackend):
     @abc.abstractmethod
     def _busy(self) -> bool: ...
 
+    @abc.abstractmethod
+    def _abort(self, request_ids: set[str]) -> None:
+        """Stop these requests in the engine (ids it never received, or that already finished, are ignored)."""
+
     def _close(self) -> None:
-        """Release engine-side state of unfinished requests."""
+        """Release engine-side state of unfinished requests (those of cancelled samples included)."""
 
 
 AGENT_BACKENDS.register_lazy("native", "verlx.rollout.agent.engine_backends:NativeBackend")
@@ -135,7 +161,8 @@ def backend_for(engine_name: str):
     """The backend class of a rollout engine, or a clear error for engines that cannot do multi-turn."""
     if engine_name not in AGENT_BACKENDS:
         raise ValueError(
-            f"actor_rollout_ref.rollout.multi_turn.enable=true needs an engine that takes requests as they come; "
-            f"rollout.name={engine_name} cannot (supported: {', '.join(AGENT_BACKENDS.names())}). Use "
-            "rollout.name=native (needs nothing beyond torch), sglang or vllm.")
+            "the agent-loop rollout (actor_rollout_ref.rollout.mode=async or multi_turn.enable=true) needs an engine "
+            f"that takes requests as they come; rollout.name={engine_name} cannot (supported: "
+            f"{', '.join(AGENT_BACKENDS.names())}). Use rollout.name=native (needs nothing beyond torch), sglang or "
+            "vllm.")
     return AGENT_BACKENDS.get(engine_name)

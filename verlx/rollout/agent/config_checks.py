@@ -1,39 +1,80 @@
-"""Checks of actor_rollout_ref.rollout.multi_turn, run with the config validation before Ray starts: the
-engine can take requests as they come, the names resolve, the tool file loads and its schemas validate."""
+"""Checks of the agent-loop rollout's keys (actor_rollout_ref.rollout.mode, over_sample_rate, agent.*,
+multi_turn.*), run with the config validation before Ray starts: the engine can take requests as they come, the
+names resolve, the tool file loads and its schemas validate."""
 
 from __future__ import annotations
 
 from verlx.config.loader import Findings
 
-KEY = "actor_rollout_ref.rollout.multi_turn"
+ROLLOUT = "actor_rollout_ref.rollout"
+KEY = f"{ROLLOUT}.multi_turn"
+ROLLOUT_MODES = ("sync", "async")
 TRUNCATE_SIDES = ("left", "right", "middle")
 MISMATCH_ACTIONS = ("mask", "error")
 
 
-def multi_turn_problems(cfg) -> list[str]:
-    """Every problem of the multi_turn section of a PPOConfig; empty when it is off or fine."""
+def agent_loop_problems(cfg) -> list[str]:
+    """Every problem of rollout.mode / over_sample_rate / agent / multi_turn of a PPOConfig; empty when fine."""
     rollout = cfg.actor_rollout_ref.rollout
-    mt = rollout.multi_turn
-    if not mt.enable:
-        return []
+    f = Findings()
+    if rollout.mode not in ROLLOUT_MODES:
+        return [f"{ROLLOUT}.mode={rollout.mode!r} is not one of {list(ROLLOUT_MODES)} (async: veRL's agent-loop "
+                "rollout, docs/rollout.md). Generating while the trainer trains is another key: "
+                "trainer.rollout_mode=one_step_off|async (docs/async.md)"]
+    rate = rollout.over_sample_rate
+    f.require(0 <= rate < 1, f"{ROLLOUT}.over_sample_rate={rate} must be in [0, 1): the fraction of a batch's "
+              "slowest samples to cancel")
+    if not rollout.uses_agent_loop:
+        f.require(rate == 0, f"{ROLLOUT}.over_sample_rate={rate} cancels the slowest samples of the agent-loop "
+                  f"rollout, which is off: set {ROLLOUT}.mode=async (or multi_turn.enable=true), or "
+                  "over_sample_rate=0")
+        return f.problems
+    _check_engine(rollout, f)
+    f.require(rollout.agent.num_workers >= 1, f"{ROLLOUT}.agent.num_workers={rollout.agent.num_workers} must be "
+              ">= 1 (threads per rollout worker for synchronous tool calls)")
+    _check_default_loop(rollout, f)
+    if rollout.multi_turn.enable:
+        f.require(cfg.data.return_raw_chat,
+                  f"{KEY}.enable=true needs data.return_raw_chat=true: the agent loop renders the conversation "
+                  "(prompt messages, tools, tool results) with the chat template itself")
+        _check_numbers(rollout.multi_turn, f)
+        _check_names(rollout.multi_turn, f)
+    return f.problems
+
+
+def _why(rollout) -> str:
+    """The key that turned the agent-loop rollout on, for messages."""
+    return f"{ROLLOUT}.mode=async" if rollout.mode == "async" else f"{KEY}.enable=true"
+
+
+def _check_engine(rollout, f: Findings) -> None:
     from verlx.rollout.agent.backends import AGENT_BACKENDS
 
-    f = Findings()
     f.require(rollout.name == "auto" or rollout.name in AGENT_BACKENDS,
-              f"{KEY}.enable=true needs an engine that takes requests as they come, but "
-              f"actor_rollout_ref.rollout.name={rollout.name} cannot; use native (needs nothing beyond torch), "
-              "sglang or vllm")
-    f.require(not (rollout.name == "vllm" and rollout.tensor_model_parallel_size > 1),
+              f"{_why(rollout)} (the agent-loop rollout) needs an engine with a request stream, one that takes "
+              f"requests as they come, but {ROLLOUT}.name={rollout.name} has none; use native (needs nothing beyond "
+              "torch), sglang or vllm")
+    f.require(not (rollout.name == "vllm" and rollout.tensor_model_parallel_size > 1 and rollout.multi_turn.enable),
               f"{KEY}.enable=true with rollout.name=vllm needs rollout.tensor_model_parallel_size=1 "
               f"(got {rollout.tensor_model_parallel_size}): vLLM's tensor-parallel peers must receive the same "
               "requests in the same order, which tool calls finishing at different times break; use sglang or "
               "native for tensor-parallel multi-turn")
-    f.require(cfg.data.return_raw_chat,
-              f"{KEY}.enable=true needs data.return_raw_chat=true: the agent loop renders the conversation (prompt "
-              "messages, tools, tool results) with the chat template itself")
-    _check_numbers(mt, f)
-    _check_names(mt, f)
-    return f.problems
+
+
+def _check_default_loop(rollout, f: Findings) -> None:
+    from verlx.rollout.agent.loops import AGENT_LOOPS, AgentLoop
+
+    key = f"{ROLLOUT}.agent.default_agent_loop"
+    try:
+        cls = AGENT_LOOPS.get(rollout.agent.default_agent_loop)
+    except (KeyError, ValueError) as e:
+        f.problems.append(f"{key}: {e}")
+        return
+    if f.require(isinstance(cls, type) and issubclass(cls, AgentLoop),
+                 f"{key}={rollout.agent.default_agent_loop} is not an AgentLoop subclass"):
+        f.require(not cls.uses_tools or rollout.multi_turn.enable,
+                  f"{key}={rollout.agent.default_agent_loop} calls tools, which needs {KEY}.enable=true (with "
+                  f"{KEY}.tool_config_path and data.return_raw_chat=true)")
 
 
 def _check_numbers(mt, f: Findings) -> None:
@@ -50,16 +91,13 @@ def _check_numbers(mt, f: Findings) -> None:
 
 
 def _check_names(mt, f: Findings) -> None:
-    from verlx.rollout.agent.loops import AGENT_LOOPS
     from verlx.rollout.agent.parsers import TOOL_PARSERS
     from verlx.rollout.agent.tool_config import load_tools
 
-    for key, value, registry in (("format", mt.format, TOOL_PARSERS), ("default_agent", mt.default_agent,
-                                                                       AGENT_LOOPS)):
-        try:
-            registry.get(value)
-        except (KeyError, ValueError) as e:
-            f.problems.append(f"{KEY}.{key}: {e}")
+    try:
+        TOOL_PARSERS.get(mt.format)
+    except (KeyError, ValueError) as e:
+        f.problems.append(f"{KEY}.format: {e}")
     if mt.tool_config_path:
         try:
             load_tools(mt.tool_config_path)
@@ -68,18 +106,21 @@ def _check_names(mt, f: Findings) -> None:
 
 
 def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -> list[str]:
-    """Problems of a loaded RLHFDataset for multi-turn rollouts, found before Ray starts: agent_name values that
-    are no agent loop, and prompts that do not fit data.max_prompt_length once rendered with the tools' schemas
-    (checked on the `longest` longest prompts). `which`: data.train_files or data.val_files."""
-    mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if not mt.enable or dataset is None:
+    """Problems of a loaded RLHFDataset for the agent-loop rollout, found before Ray starts: agent_name values that
+    are no agent loop (or call tools without multi_turn.enable), and prompts that do not fit
+    data.max_prompt_length once rendered with the tools' schemas (checked on the `longest` longest prompts).
+    `which`: data.train_files or data.val_files."""
+    rollout = cfg.actor_rollout_ref.rollout
+    mt = rollout.multi_turn
+    if not rollout.uses_agent_loop or dataset is None:
         return []
     from verlx.rollout.agent.chat import ChatCodec
     from verlx.rollout.agent.loops import AGENT_LOOPS, AgentLoop
     from verlx.rollout.agent.tool_config import load_tools
 
+    default = rollout.agent.default_agent_loop
     names = dataset.column("agent_name")
-    names = [mt.default_agent] * len(dataset) if names is None else [str(n) if n else mt.default_agent for n in names]
+    names = [default] * len(dataset) if names is None else [str(n) if n else default for n in names]
     f, tool_rows = Findings(), []
     for name in sorted(set(names)):
         try:
@@ -87,8 +128,10 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
         except (KeyError, ValueError) as e:
             f.problems.append(f"{which}: column agent_name: {e}")
             continue
-        if f.require(isinstance(cls, type) and issubclass(cls, AgentLoop),
-                     f"{which}: column agent_name: {name} is not an AgentLoop subclass") and cls.uses_tools:
+        is_loop = f.require(isinstance(cls, type) and issubclass(cls, AgentLoop),
+                            f"{which}: column agent_name: {name} is not an AgentLoop subclass")
+        if is_loop and cls.uses_tools and f.require(
+                mt.enable, f"{which}: column agent_name: {name} calls tools, which needs {KEY}.enable=true"):
             tool_rows += [i for i, n in enumerate(names) if n == name]
     raw = dataset.column("raw_prompt")
     if f.problems or not tool_rows or raw is None:

@@ -25,10 +25,17 @@ class NativeBackend(SteppedBackend):
         self.stop_ids = set(params.stop_token_ids)
         self._last: dict[int, str] = {}  # sample -> its previous request (whose KV the next turn reuses)
 
+    def _seed(self, sample: int, turn: int) -> int:
+        """Sample i*n+j's first turn gets the seed a batch generate gives row (i, j), so a single-turn agent loop
+        draws exactly the tokens of a synchronous rollout; later turns derive theirs from it."""
+        prompt, j = divmod(sample, self.params.n)
+        seed = row_seed(row_seed(self.base_seed, prompt), j)
+        return row_seed(seed, turn) if turn else seed
+
     def _submit(self, request_id, ids, max_new_tokens, key):
         reuse = self._last.get(key[0])
         self._last[key[0]] = request_id
-        self.stream.submit(request_id, ids, max_new_tokens, row_seed(self.base_seed, *key), reuse=reuse)
+        self.stream.submit(request_id, ids, max_new_tokens, self._seed(*key), reuse=reuse)
 
     def _step(self):
         return [(key, GenOutput(ids, lps if self.want_log_probs else None, _finish(ids, self.stop_ids)))
@@ -36,6 +43,13 @@ class NativeBackend(SteppedBackend):
 
     def _busy(self) -> bool:
         return self.stream.busy
+
+    def _abort(self, request_ids: set[str]) -> None:
+        self.stream.cancel(request_ids)
+
+    def _close(self) -> None:
+        if self.stream.busy:
+            self.stream.cancel_unfinished()
 
 
 class VLLMBackend(SteppedBackend):
@@ -79,6 +93,12 @@ class VLLMBackend(SteppedBackend):
     def _busy(self) -> bool:
         return bool(self._live)
 
+    def _abort(self, request_ids: set[str]) -> None:
+        live = sorted(self._live & request_ids)
+        if live:
+            self.llm_engine.abort_request(live)
+            self._live.difference_update(live)
+
     def _close(self) -> None:
         if self._live:
             self.llm_engine.abort_request(sorted(self._live))
@@ -105,6 +125,11 @@ class SGLangBackend(GenerationBackend):
                                         f"{max_new_tokens}")
         lps = result.log_probs[0] if result.log_probs is not None else None
         return GenOutput(result.token_ids[0], lps, result.finish_reasons[0])
+
+    def cut(self) -> None:
+        """Cancelling a coroutine leaves its request running in SGLang's scheduler: abort every one (the samples
+        still waiting are all being cancelled), as veRL's over-sampling did."""
+        self.engine._engine.tokenizer_manager.abort_request(abort_all=True)
 
     def run(self, make_coro):
         return self.engine.tp.run_on_leader(lambda: self.engine._engine.loop.run_until_complete(make_coro()))

@@ -1,5 +1,6 @@
-"""Agent loops: how one sample's conversation proceeds. Registry AGENT_LOOPS: `single_turn`, `tool_agent`, or
-a user's own `package.module:Class` (a subclass of AgentLoop) named in the sample's `agent_name` column.
+"""Agent loops: how one sample's conversation proceeds. Registry AGENT_LOOPS: `single_turn_agent`, `tool_agent`
+(veRL's names), or a user's own `package.module:Class` (a subclass of AgentLoop) named in the sample's
+`agent_name` column or in rollout.agent.default_agent_loop.
 
 A loop only decides *what* happens next; AgentSample does the token work (generate a model turn, append the
 template's delta of tool/user messages within the budget), so every loop is token-exact by construction.
@@ -106,7 +107,7 @@ class AgentLoop:
         return None
 
 
-@AGENT_LOOPS.register("single_turn")
+@AGENT_LOOPS.register("single_turn_agent")
 class SingleTurnAgentLoop(AgentLoop):
     """One model turn, exactly what the single-turn rollout does."""
 

@@ -11,8 +11,8 @@ import numpy as np
 AGENT_INPUT_KEYS = ("raw_prompt", "agent_name", "extra_info")
 
 
-def agent_input_keys(batch, multi_turn_enabled: bool) -> list[str]:
-    if not multi_turn_enabled:
+def agent_input_keys(batch, uses_agent_loop: bool) -> list[str]:
+    if not uses_agent_loop:
         return []
     return [k for k in AGENT_INPUT_KEYS if k in batch.non_tensor_batch]
 

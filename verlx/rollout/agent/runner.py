@@ -1,10 +1,12 @@
 """A batch of prompts → agent-loop trajectories (one coroutine per sample) → the shared rollout batch layout.
 
-Inputs (non-tensor columns the driver passes when multi_turn.enable): `raw_prompt` (the messages; data.
-return_raw_chat=true), `agent_name` (optional; default multi_turn.default_agent), `extra_info` (its
+Used for every batch when rollout.mode=async (veRL's agent-loop rollout) or multi_turn.enable=true. Inputs
+(non-tensor columns the driver passes): `raw_prompt` (the messages; data.return_raw_chat=true; needed by loops
+that use tools), `agent_name` (optional; default rollout.agent.default_agent_loop), `extra_info` (its
 `tools_kwargs` go to the tools). Output: prompts (re-rendered with the tools' schemas for loops that use tools),
 responses with every turn, response_mask 1 on model tokens only, attention_mask 1 on every real token,
-rollout_log_probs on model tokens, and per-sample `multi_turn_*` columns the driver turns into metrics.
+rollout_log_probs on model tokens; with multi_turn.enable also per-sample `multi_turn_*` columns the driver turns
+into metrics (without it the columns are exactly those of a synchronous generate).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from verlx.rollout.agent.backends import GenerationBackend, backend_for
 from verlx.rollout.agent.chat import ChatCodec
 from verlx.rollout.agent.execution import ToolExecutor
 from verlx.rollout.agent.loops import AGENT_LOOPS, AgentEnv, AgentLoop, AgentSample
+from verlx.rollout.agent.oversampling import finish_first, samples_to_keep
 from verlx.rollout.agent.parsers import TOOL_PARSERS
 from verlx.rollout.agent.tool_config import load_tools
 from verlx.rollout.agent.trajectory import Trajectory
@@ -60,24 +63,45 @@ class AgentLoopRunner:
         return self.generate_with(backend, prompts, params.n)
 
     def generate_with(self, backend: GenerationBackend, prompts: DataProto, n: int) -> DataProto:
-        trajectories = backend.run(lambda: self.run_samples(backend, prompts, n))
+        keep = self._samples_to_keep(prompts.meta_info, len(prompts) * n)
+        trajectories = backend.run(lambda: self.run_samples(backend, prompts, n, keep))
         return self.build_batch(prompts, trajectories, n)
 
-    async def run_samples(self, backend: GenerationBackend, prompts: DataProto, n: int) -> list[Trajectory]:
+    def _samples_to_keep(self, meta_info: dict, total: int) -> int | None:
+        """over_sample_rate: how many samples to wait for in a training call (None: all of them)."""
+        rate = float(self.config.over_sample_rate)
+        sampled = meta_info.get("do_sample", self.config.do_sample)
+        if rate <= 0 or meta_info.get("validate", False) or not sampled:
+            return None
+        return samples_to_keep(total, rate)
+
+    async def run_samples(self, backend: GenerationBackend, prompts: DataProto, n: int,
+                          keep: int | None = None) -> list[Trajectory]:
+        """Every sample's agent loop, concurrently; with `keep`, the samples still running once `keep` have
+        finished are cancelled (over_sample_rate) and come back with an empty response, stop reason
+        `cancelled`."""
         executor = ToolExecutor(self.tools, self.mt.tool_timeout_s, self.mt.max_parallel_calls,
-                                self.mt.max_tool_response_length, self.mt.tool_response_truncate_side)
+                                self.mt.max_tool_response_length, self.mt.tool_response_truncate_side,
+                                threads=int(self.config.agent.num_workers))
         loops: dict[str, AgentLoop] = {}
         await backend.start()
         try:
-            jobs = [self._run_one(backend, executor, loops, prompts, i, j, i * n + j)
-                    for i in range(len(prompts)) for j in range(n)]
-            trajectories = await asyncio.gather(*jobs)
+            rows = _prompt_rows(prompts)
+            samples = [self._prepare(backend, executor, loops, prompts, rows[i], i, i * n + j)
+                       for i in range(len(prompts)) for j in range(n)]
+            tasks = [asyncio.create_task(self._run_one(*sample)) for sample in samples]
+            if keep is None or keep >= len(tasks):
+                trajectories = list(await asyncio.gather(*tasks))
+            else:
+                cancelled = await finish_first(tasks, keep, backend.cut)
+                trajectories = [_cancelled(sample[1].trajectory, prompts, sample[3] // n) if gone else task.result()
+                                for sample, task, gone in zip(samples, tasks, cancelled)]
         finally:
             await backend.stop()
             executor.close()
         engine_error = getattr(backend, "error", None)
         if engine_error is not None:
-            raise RuntimeError(f"the rollout engine failed during the multi-turn batch: {engine_error}") \
+            raise RuntimeError(f"the rollout engine failed during the agent-loop batch: {engine_error}") \
                 from engine_error
         failed = [t for t in trajectories if t.stop_reason == "error" and not t.template_mismatch]
         if failed and len(failed) == len(trajectories):
@@ -90,15 +114,22 @@ class AgentLoopRunner:
             cls = AGENT_LOOPS.get(name)
             if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
                 raise TypeError(f"agent_name={name} is not an AgentLoop subclass")
+            if cls.uses_tools and not self.mt.enable:
+                raise ValueError(f"agent loop {name!r} calls tools, which needs "
+                                 "actor_rollout_ref.rollout.multi_turn.enable=true (and multi_turn.tool_config_path)")
             codec = ChatCodec(self.tokenizer, self.schemas if cls.uses_tools else None, self.template_kwargs,
                               self.stop_token_ids)
             env = AgentEnv(codec, executor, self.parser, self.mt, frozenset(self.stop_token_ids))
             loops[name] = cls(env)
         return loops[name]
 
-    async def _run_one(self, backend, executor, loops, prompts: DataProto, i: int, j: int, index: int) -> Trajectory:
+    def _prepare(self, backend, executor, loops, prompts: DataProto, row_ids: list[int], i: int,
+                 index: int) -> tuple[AgentLoop, AgentSample, str, int]:
+        """The loop of sample `index` (of row i, whose prompt ids are `row_ids`) and its starting state (the prompt
+        rendered again with the tools' schemas for loops that use tools)."""
         nt = prompts.non_tensor_batch
-        name = str(nt["agent_name"][i]) if "agent_name" in nt and nt["agent_name"][i] else self.mt.default_agent
+        default = self.config.agent.default_agent_loop
+        name = str(nt["agent_name"][i]) if "agent_name" in nt and nt["agent_name"][i] else default
         loop = self._loop(loops, name, executor)
         messages = _messages(nt["raw_prompt"][i]) if "raw_prompt" in nt else None
         if loop.uses_tools:
@@ -110,7 +141,7 @@ class AgentLoopRunner:
                 raise ValueError(f"sample {index}: the prompt rendered with the tools' schemas has {len(prompt_ids)} "
                                  f"tokens, more than data.max_prompt_length={self.config.prompt_length}; raise it")
         else:
-            prompt_ids = _row_ids(prompts, i)
+            prompt_ids = row_ids
         traj = Trajectory(prompt_ids, int(self.config.response_length), messages=list(messages or []))
         extra = nt["extra_info"][i] if "extra_info" in nt else None
         tools_kwargs = (extra.get("tools_kwargs") if isinstance(extra, dict) else None) or {}
@@ -121,7 +152,10 @@ class AgentLoopRunner:
                 raise RuntimeError(f"the engine returned {len(out.ids)} tokens for max_new_tokens={max_new}")
             return out
 
-        sample = AgentSample(loop.env, traj, generate, tools_kwargs, extra)
+        return loop, AgentSample(loop.env, traj, generate, tools_kwargs, extra), name, index
+
+    async def _run_one(self, loop: AgentLoop, sample: AgentSample, name: str, index: int) -> Trajectory:
+        traj = sample.trajectory
         try:
             await loop.run(sample)
         except Exception as e:  # a failing loop (or template) loses its sample, not the batch
@@ -155,7 +189,7 @@ class AgentLoopRunner:
         parts = [t.response() for t in trajectories]
         responses, valid = _pack([p[0] for p in parts], width, self.pad_token_id, left=False)
         model_mask, _ = _pack([p[1] for p in parts], width, 0, left=False)
-        excluded = torch.tensor([t.template_mismatch or t.stop_reason == "error" for t in trajectories])
+        excluded = torch.tensor([t.template_mismatch or t.stop_reason in ("error", "cancelled") for t in trajectories])
         response_mask = model_mask * (~excluded)[:, None]
         prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         response_pos = prompt_pos[:, -1:] + torch.arange(1, width + 1)
@@ -172,7 +206,8 @@ class AgentLoopRunner:
             batch["rollout_log_probs"] = lps * response_mask
         device = prompts.batch["input_ids"].device
         batch = {k: v.to(device) for k, v in batch.items()}
-        return DataProto(batch, sample_columns(trajectories), dict(prompts.meta_info))
+        columns = sample_columns(trajectories) if self.mt.enable else {}
+        return DataProto(batch, columns, dict(prompts.meta_info))
 
 
 def sample_columns(trajectories: list[Trajectory]) -> dict[str, np.ndarray]:
@@ -196,6 +231,13 @@ def sample_columns(trajectories: list[Trajectory]) -> dict[str, np.ndarray]:
     return out
 
 
+def _cancelled(started: Trajectory, prompts: DataProto, row: int) -> Trajectory:
+    """What a sample cancelled by over_sample_rate becomes: its prompt, no response (veRL's padding sample)."""
+    nt = prompts.non_tensor_batch
+    messages = _messages(nt["raw_prompt"][row]) if "raw_prompt" in nt else []
+    return Trajectory(started.prompt_ids, started.budget, messages=messages, stop_reason="cancelled")
+
+
 def _pack(rows: list[list], width: int, pad: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows padded to `width` (on the left or right) → (values [N, width], mask of real entries)."""
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
@@ -206,9 +248,10 @@ def _pack(rows: list[list], width: int, pad: int, left: bool) -> tuple[torch.Ten
     return values, mask.long()
 
 
-def _row_ids(prompts: DataProto, i: int) -> list[int]:
-    ids, mask = prompts.batch["input_ids"][i], prompts.batch["attention_mask"][i].bool()
-    return ids[mask].tolist()
+def _prompt_rows(prompts: DataProto) -> list[list[int]]:
+    """Every row's real (unpadded) prompt ids, with one device-to-host copy."""
+    ids, mask = prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].cpu().bool()
+    return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
 def _messages(raw: Any) -> list[dict]:

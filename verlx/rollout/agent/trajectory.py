@@ -26,6 +26,7 @@ class Trajectory:
     segments: list[Segment] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)  # the conversation, for tools, rewards and the check
     stop_reason: str = ""  # answered | length | max_assistant_turns | max_user_turns | context_over_budget | error
+    # | cancelled (over_sample_rate)
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0

@@ -91,7 +91,11 @@ class RequestStream(Scheduler):
     def cancel_unfinished(self) -> list[tuple[str, list[int], list[float]]]:
         """Stop every request that has not finished (partial rollout: the weights are about to change): (key,
         tokens generated so far, their log-probs) of each, none for those still waiting; their slots are freed."""
-        running = [s for s, r in enumerate(self.slot_row) if r >= 0]
+        return self.cancel(None)
+
+    def cancel(self, keys: set[str] | None) -> list[tuple[str, list[int], list[float]]]:
+        """Stop the unfinished requests named in `keys` (None: all), as cancel_unfinished does."""
+        running = [s for s, r in enumerate(self.slot_row) if r >= 0 and (keys is None or self.requests[r].key in keys)]
         out = []
         if running:
             slot_t = torch.tensor(running, device=self.device)
@@ -102,8 +106,9 @@ class RequestStream(Scheduler):
                 out.append((self.requests.pop(self.slot_row[s]).key, tokens[j][:n], logprobs[j][:n]))
                 self.slot_row[s] = -1
             self.state.release(slot_t)
-        out += [(self.requests.pop(row).key, [], []) for row in self.waiting]
-        self.waiting.clear()
+        waiting = [row for row in self.waiting if keys is None or self.requests[row].key in keys]
+        out += [(self.requests.pop(row).key, [], []) for row in waiting]
+        self.waiting = deque(row for row in self.waiting if row in self.requests)
         return out
 
     # ------------------------------------------------------------------ parked slots (KV reuse across turns)

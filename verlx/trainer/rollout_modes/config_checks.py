@@ -19,7 +19,8 @@ def rollout_mode_problems(cfg) -> list[str]:
     problems = rollout_correction_problems(cfg)
     t = cfg.trainer
     if t.rollout_mode not in MODES:
-        return [*problems, f"trainer.rollout_mode={t.rollout_mode!r} is not one of {list(MODES)}"]
+        return [*problems, f"trainer.rollout_mode={t.rollout_mode!r} is not one of {list(MODES)} (off-policy training, "
+                           "docs/async.md; veRL's agent-loop rollout is actor_rollout_ref.rollout.mode=async)"]
     if t.staleness_policy not in STALENESS_POLICIES:
         problems.append(f"trainer.staleness_policy={t.staleness_policy!r} is not one of {list(STALENESS_POLICIES)}")
     problems += _placement_problems(cfg)
@@ -125,7 +126,8 @@ def _partial_rollout_problems(cfg) -> list[str]:
     if rollout.name in NO_PARTIAL_ROLLOUT:
         problems.append(f"trainer.partial_rollout=true: actor_rollout_ref.rollout.name={rollout.name} cannot pause a "
                         f"generation and continue it with new weights; use rollout.name=native")
-    if rollout.multi_turn.enable:
-        problems.append("trainer.partial_rollout=true with actor_rollout_ref.rollout.multi_turn.enable=true is not "
-                        "supported: an agent loop's turns are not interrupted")
+    if rollout.uses_agent_loop:
+        key = "mode=async" if rollout.mode == "async" else "multi_turn.enable=true"
+        problems.append(f"trainer.partial_rollout=true with actor_rollout_ref.rollout.{key} (the agent-loop rollout) "
+                        "is not supported: an agent loop's turns are not interrupted")
     return problems

@@ -64,6 +64,9 @@ class _Job:
     loader_state: dict
     output: DataProto | None = None
     token_versions: torch.Tensor | None = None
+    # per row, the version of the first call that generated it: the version of a row without any model token
+    # (an agent loop's sample excluded or cancelled by over_sample_rate, response_mask all zero)
+    first_version: torch.Tensor | None = None
     unfinished: torch.Tensor | None = None
     gen_seconds: float = 0.0
     first_start: float | None = None
@@ -202,6 +205,7 @@ class RolloutPipeline:
         job.unfinished = torch.ones(rows, dtype=torch.bool)
         job.token_versions = torch.full((rows, self.config.actor_rollout_ref.rollout.response_length), -1,
                                         dtype=torch.long)
+        job.first_version = torch.full((rows,), -1, dtype=torch.long)
         self.next_index += 1
         return job
 
@@ -243,6 +247,8 @@ class RolloutPipeline:
         positions = torch.arange(job.token_versions.shape[1])
         fresh = (positions[None, :] >= before[:, None]) & (positions[None, :] < after[:, None])
         job.token_versions[call.rows] = torch.where(fresh, call.version, job.token_versions[call.rows])
+        first = job.first_version[call.rows]
+        job.first_version[call.rows] = torch.where(first < 0, call.version, first)
         finished = out.batch.pop("rollout_finished", torch.ones(len(call.rows), dtype=torch.bool))
         out.batch.pop("rollout_new_tokens", None)
         if job.output is None:
@@ -265,8 +271,9 @@ class RolloutPipeline:
         batch.union(output)
         lengths = batch.batch["response_mask"].sum(-1).clamp(min=1)
         versions = job.token_versions
-        batch.batch[VERSION] = versions[:, 0]
-        batch.batch[VERSION_LAST] = versions.gather(1, (lengths - 1)[:, None]).squeeze(1)
+        last = versions.gather(1, (lengths - 1)[:, None]).squeeze(1)
+        batch.batch[VERSION] = torch.where(versions[:, 0] >= 0, versions[:, 0], job.first_version)
+        batch.batch[VERSION_LAST] = torch.where(last >= 0, last, job.first_version)
         if self.partial:
             batch.batch[TOKEN_VERSIONS] = versions
         metrics = {**job.metrics, "timing_s/gen": job.gen_seconds}
