@@ -262,10 +262,24 @@ def learning_command(largs, p: dict, info: dict, out_dir: str, budgets: dict, at
     ]
 
 
+# veRL's held-out accuracy key: val-core/<data_source>/<acc, else reward>/mean@<n>. The data-source segment is
+# whatever veRL's reward loop carried (the 2026-11-26 GPU run found no `val-core/arithmetic/...` key), so any
+# data source is read, and the key veRL used is kept beside the value.
+VERL_VAL_KEY = re.compile(r"^val-core/[^/]+/(acc|reward)/mean@\d+$")
+
+
 def verl_jsonl_row(line: str) -> dict | None:
-    """One line of veRL's file logger ({"step": N, "data": {...}}) as a verlx metrics row."""
+    """One line of veRL's file logger ({"step": N, "data": {...}}) as a verlx metrics row: the held-out accuracy
+    under learning_gpu's key (the `acc` variable preferred, as veRL's own val-core choice)."""
     record = json.loads(line)
-    return {"step": record["step"], **record["data"]} if isinstance(record.get("data"), dict) else None
+    if not isinstance(record.get("data"), dict):
+        return None
+    row = {"step": record["step"], **record["data"]}
+    found = sorted((key for key in record["data"] if VERL_VAL_KEY.match(key)), key=lambda k: "/acc/" not in k)
+    if found:
+        row[learning_gpu.VAL_KEY] = record["data"][found[0]]
+        row["verl_val_key"] = found[0]
+    return row
 
 
 def learning_budgets(runs_dir: str, seed: int) -> dict:
@@ -310,8 +324,9 @@ def run_learning(args) -> int:
         summary = run_verl_learning(args, cmd, env, out_dir, meta, p, largs.test_size)
         with open(os.path.join(out_dir, "run.log"), errors="replace") as f:
             record.update(rc=summary["rc"], log_tail=f.read().splitlines()[-25:])
-        if summary["curve"] and summary["curve"][-1]["step"] >= largs.steps:
-            break
+        learning_gpu.export(f"verl-tried-s{largs.seed}.json", {"tried": tried, "budgets": budgets})
+        if summary["steps"]:
+            break  # it trained: a run cut by --timeout-s is a time limit, not a reason to try another attempt
         print(f"veRL attempt {attempt}: rc {summary['rc']}, validations {[c['step'] for c in summary['curve']]}\n"
               + "\n".join(record["log_tail"]), flush=True)
         summary = None

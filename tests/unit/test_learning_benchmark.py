@@ -271,10 +271,19 @@ def test_verl_file_logger_lines_make_the_same_summary():
              '{"step": 2, "data": {"timing_s/step": 3.0, "val-core/arithmetic/reward/mean@1": 0.5, '
              '"timing_s/testing": 1.5, "critic/score/mean": 0.5}}']
     rows = [peer.verl_jsonl_row(line) for line in lines]
-    assert rows[0] == {"step": 0, KEY: 0.25}
+    assert rows[0] == {"step": 0, KEY: 0.25, "verl_val_key": KEY}
     timed = list(zip(rows, (40.0, 44.5, 49.0)))
     assert learning.learning_summary(timed, {}, 512) == learning.learning_summary(TIMED_ROWS[:3], {}, 512)
     assert peer.verl_jsonl_row('{"step": 3}') is None
+
+
+def test_verl_validation_is_read_whatever_data_source_and_prefers_acc():
+    peer = _load("peer_verl")
+    row = peer.verl_jsonl_row('{"step": 5, "data": {"val-core/unknown/reward/mean@1": 0.5, '
+                              '"val-aux/unknown/reward/std@1": 0.1}}')
+    assert row[KEY] == 0.5 and row["verl_val_key"] == "val-core/unknown/reward/mean@1"
+    row = peer.verl_jsonl_row('{"step": 5, "data": {"val-core/a/reward/mean@1": 0.5, "val-core/a/acc/mean@1": 0.25}}')
+    assert row[KEY] == 0.25 and row["verl_val_key"] == "val-core/a/acc/mean@1"
 
 
 # ------------------------------------------------------------------------------------------------------- report
