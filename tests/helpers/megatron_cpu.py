@@ -2,7 +2,8 @@
 
 megatron-core computes on whatever device the model is on, but allocates a few bookkeeping tensors on CUDA by name
 (`device="cuda"`, `torch.cuda.current_device()`: the schedule's token counter, the optimizer's loss scale, DDP's
-gradient buffers). `cuda_as_cpu()` sends those to the CPU; everything else runs unchanged. Two things still need a
+gradient buffers) or moves them with `.cuda()` (the pipeline's tied embedding copy before its all-reduce).
+`cuda_as_cpu()` keeps those on the CPU; everything else runs unchanged. Two things still need a
 GPU and are avoided by the configs the tests use: gradient clipping (megatron asserts CUDA gradients; grad_clip=0)
 and the distributed optimizer (use_distributed_optimizer=false).
 """
@@ -24,6 +25,8 @@ def require_megatron_core() -> None:
 class _CudaAsCpu(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
             kwargs = {**kwargs, "device": "cpu"}
@@ -34,5 +37,6 @@ class _CudaAsCpu(TorchFunctionMode):
 def cuda_as_cpu(monkeypatch):
     """Tensors megatron-core creates on "cuda" are created on the CPU inside the block."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # the pipeline's p2p shape exchange
     with _CudaAsCpu():
         yield

@@ -82,7 +82,8 @@ def _read(ckpt: str, key: str, shape, dtype) -> torch.Tensor:
     from torch.distributed.checkpoint import FileSystemReader
 
     state = {key: torch.empty(shape, dtype=dtype)}
-    dcp.load(state, storage_reader=FileSystemReader(ckpt))
+    # no_dist: a plain read on this process alone, also inside a process group (export runs on one rank)
+    dcp.load(state, storage_reader=FileSystemReader(ckpt), no_dist=True)
     return state[key]
 
 

@@ -23,6 +23,8 @@ from verlx.workers.megatron.architectures import ModelDims, gpt_model_kwargs, tr
 from verlx.workers.megatron.batch_layout import AlignedBatch
 from verlx.workers.megatron.parallel import ParallelLayout
 from verlx.workers.megatron.weight_layout import (
+    REPLICATED,
+    ROW,
     combine_hf,
     local_spec_name,
     param_specs,
@@ -107,14 +109,19 @@ class RLModelChunk(MegatronModule):
 
     # ------------------------------------------------------------------ heads (last stage)
     def _response_hidden(self, hidden: torch.Tensor, batch: AlignedBatch, partial_grads: bool) -> torch.Tensor:
+        """[b, R, h] hidden states at the response positions. With `partial_grads` (a vocabulary-parallel head,
+        whose hidden-state gradient is each TP rank's partial sum) the backward pass sums them over TP ranks."""
         if self.config.sequence_parallel:
             hidden = tensor_parallel.gather_from_sequence_parallel_region(
                 hidden, tensor_parallel_output_grad=partial_grads)
-        elif partial_grads:
-            hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden)
         h = hidden.transpose(0, 1)  # [b, s, h]
         index = batch.hidden_index.unsqueeze(-1).expand(-1, -1, h.shape[-1])
-        return h.gather(1, index)
+        h = h.gather(1, index)
+        if partial_grads and not self.config.sequence_parallel:
+            # after the gather, not before: megatron's backward all-reduce works on grad.contiguous() and returns
+            # the unreduced grad when that is a copy, which the transpose's gradient would be
+            h = tensor_parallel.copy_to_tensor_model_parallel_region(h)
+        return h
 
     def log_probs(self, hidden: torch.Tensor, batch: AlignedBatch, temperature: float, chunk_size: int,
                   with_entropy: bool):
@@ -143,7 +150,27 @@ def build_chunks(dims: ModelDims, layout: ParallelLayout, config: TransformerCon
         gpt = GPTModel(config, layer_spec(dims, use_te, local_layers), pre_process=pre, post_process=post,
                        vp_stage=vp_stage, **gpt_model_kwargs(dims, layout.tp))
         chunks.append(RLModelChunk(gpt, dims, value_head))
+    mark_tensor_parallel(chunks, dims, layout)
     return chunks
+
+
+def mark_tensor_parallel(chunks: list[RLModelChunk], dims: ModelDims, layout: ParallelLayout) -> None:
+    """Mark every TP-sharded parameter as megatron does when it initialises weights itself.
+
+    megatron sets `tensor_model_parallel` / `partition_dim` inside its weight initialisation, which loading from
+    a checkpoint skips (perform_initialization=False). Unmarked parameters count as copies held by every TP rank,
+    so the gradient norm (and the clipping that uses it) left out the shards of every TP rank but the first.
+    """
+    params = local_params(chunks)
+    pp_rank = mpu.get_pipeline_model_parallel_rank()
+    for spec in param_specs(dims, layout.pp):
+        where = placement(spec, dims, layout)
+        param = params[where.chunk].get(spec.local_name(where.local_layer)) if where.pp_rank == pp_rank else None
+        if param is None or spec.tp_split == REPLICATED:
+            continue
+        param.tensor_model_parallel = True
+        param.partition_dim = 1 if spec.tp_split == ROW else 0
+        param.partition_stride = 1
 
 
 # ---------------------------------------------------------------------- loading HF weights
