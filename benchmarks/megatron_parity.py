@@ -16,8 +16,7 @@ Tolerances are the FSDP parity table's (docs/benchmarks.md, parity_2gpu.TOLERANC
 |Δ log-prob| ≤ 1e-2, max ≤ 0.15, grad-norm relative ≤ 2e-2; fp32 on the CPU 1e-5. `update_shift` (mean |Δ| of the
 FSDP log-probs over its update) shows how far the update moved them, for the after-update parity to mean something.
 On the CPU megatron-core runs through the test suite's CUDA-as-CPU shim (tests/helpers/megatron_cpu.py), without
-gradient clipping, the distributed optimizer and sequence parallelism (CUDA-only there: SP forks megatron's CUDA RNG
-tracker). Prints each check as it completes and a
+gradient clipping and the distributed optimizer (both CUDA-only there). Prints each check as it completes and a
 table; writes $OUT/megatron_parity.json when OUT is set; exits 1 when a check fails.
 """
 
@@ -58,8 +57,7 @@ def role_config(kind: str, megatron: tuple[int, int] | None = None):
         cfg.strategy = "megatron"
         cfg.megatron = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                       dtype="bfloat16" if kind == "gpu" else "float32",
-                                      use_transformer_engine="false", use_distributed_optimizer=kind == "gpu",
-                                      sequence_parallel=kind == "gpu")
+                                      use_transformer_engine="false", use_distributed_optimizer=kind == "gpu")
     return cfg
 
 

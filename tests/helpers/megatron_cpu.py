@@ -3,14 +3,15 @@
 megatron-core computes on whatever device the model is on, but allocates a few bookkeeping tensors on CUDA by name
 (`device="cuda"`, `torch.cuda.current_device()`: the schedule's token counter, the optimizer's loss scale, DDP's
 gradient buffers) or moves them with `.cuda()` (the pipeline's tied embedding copy before its all-reduce).
-`cuda_as_cpu()` keeps those on the CPU; everything else runs unchanged. Two things still need a
+Sequence parallelism forks megatron's CUDA RNG stream around dropout; with dropout 0 nothing is drawn from it, so
+the fork is a no-op here. `cuda_as_cpu()` keeps all of that on the CPU; everything else runs unchanged. Two things still need a
 GPU and are avoided by the configs the tests use: gradient clipping (megatron asserts CUDA gradients; grad_clip=0)
 and the distributed optimizer (use_distributed_optimizer=false).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -33,9 +34,19 @@ class _CudaAsCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _NoRNGStreams:
+    """megatron's CUDA RNG tracker for models without dropout: forking a stream changes nothing."""
+
+    def fork(self, name: str | None = None):
+        return nullcontext()
+
+
 @contextmanager
 def cuda_as_cpu(monkeypatch):
     """Tensors megatron-core creates on "cuda" are created on the CPU inside the block."""
+    from megatron.core import tensor_parallel
+
+    monkeypatch.setattr(tensor_parallel, "get_cuda_rng_tracker", _NoRNGStreams)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # the pipeline's p2p shape exchange
     with _CudaAsCpu():
