@@ -4,9 +4,9 @@ megatron-core computes on whatever device the model is on, but allocates a few b
 (`device="cuda"`, `torch.cuda.current_device()`: the schedule's token counter, the optimizer's loss scale, DDP's
 gradient buffers) or moves them with `.cuda()` (the pipeline's tied embedding copy before its all-reduce).
 Sequence parallelism forks megatron's CUDA RNG stream around dropout; with dropout 0 nothing is drawn from it, so
-the fork is a no-op here. `cuda_as_cpu()` keeps all of that on the CPU; everything else runs unchanged. Two things still need a
-GPU and are avoided by the configs the tests use: gradient clipping (megatron asserts CUDA gradients; grad_clip=0)
-and the distributed optimizer (use_distributed_optimizer=false).
+the fork is a no-op here. `cuda_as_cpu()` keeps all of that on the CPU; everything else runs unchanged. Two things
+still need a GPU and are avoided by the configs the tests use: gradient clipping (megatron asserts CUDA gradients;
+grad_clip=0) and the distributed optimizer (use_distributed_optimizer=false: it checks for torch.cuda tensor types).
 """
 
 from __future__ import annotations

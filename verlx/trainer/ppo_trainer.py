@@ -99,6 +99,7 @@ class RayPPOTrainer:
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=self.config)
         self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
+        logger.info("trainer workers (%s): %s", "+".join(roles), self.worker_group.placement())
         views = self.worker_group.spawn({"actor_rollout_ref": ActorRolloutRefWorker, "critic": CriticWorker}
                                         if self.use_critic else {"actor_rollout_ref": ActorRolloutRefWorker})
         for view in views.values():
