@@ -51,3 +51,15 @@ def cuda_as_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # the pipeline's p2p shape exchange
     with _CudaAsCpu():
         yield
+
+
+@pytest.fixture
+def megatron_on_cpu(one_rank, monkeypatch):
+    """This process as a one-rank megatron world on the CPU; megatron's parallel state is torn down after."""
+    require_megatron_core()
+    from megatron.core import parallel_state as mpu
+
+    with cuda_as_cpu(monkeypatch):
+        yield
+    if mpu.model_parallel_is_initialized():
+        mpu.destroy_model_parallel()

@@ -109,3 +109,81 @@ def test_exact_kl_needs_fsdp(tmp_path):
         "low_var_kl, kl, mse or abs"]
     sampled = _config(tmp_path, "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.kl_penalty=full")
     assert megatron_problems(sampled, 8, True) == []  # kl_penalty only matters with use_kl_in_reward
+
+
+M = "actor_rollout_ref.actor.megatron"
+OPT = "actor_rollout_ref.actor.optim"
+
+
+def _refused(tmp_path, monkeypatch, *overrides, te: bool = False, **model) -> str:
+    """Every problem validation (the pre-Ray checks main_ppo runs) reports, with transformer-engine present or not."""
+    import verlx.workers.megatron.config_checks as checks
+    from verlx.config.loader import ConfigError
+    from verlx.trainer.preflight import validate
+
+    monkeypatch.setattr(checks, "transformer_engine_available", lambda: te)
+    with pytest.raises(ConfigError) as info:
+        validate(_config(tmp_path, *overrides, **model), world_size=8, check_files=False)
+    return str(info.value)
+
+
+@pytest.mark.skipif(not megatron_core_available(), reason="the override fields are megatron-core's dataclasses'")
+def test_keys_that_need_transformer_engine_are_refused_before_ray(tmp_path, monkeypatch):
+    text = _refused(tmp_path, monkeypatch, f"{M}.use_transformer_engine=true",
+                    f"+{M}.override_transformer_config.moe_grouped_gemm=true",
+                    f"+{M}.override_transformer_config.gradient_accumulation_fusion=true",
+                    f"+{OPT}.override_optimizer_config.use_precision_aware_optimizer=true")
+    assert f"{M}.use_transformer_engine=true but transformer-engine is not installed" in text
+    assert (f"{M}.override_transformer_config.moe_grouped_gemm=True needs transformer-engine (grouped expert GEMMs), "
+            "which is not installed") in text
+    assert f"{M}.override_transformer_config.gradient_accumulation_fusion=True needs transformer-engine" in text
+    assert f"{OPT}.override_optimizer_config.use_precision_aware_optimizer=true needs transformer-engine's" in text
+    # with transformer-engine installed the same keys pass these checks
+    ok = _config(tmp_path, f"+{M}.override_transformer_config.moe_grouped_gemm=true")
+    import verlx.workers.megatron.config_checks as checks
+
+    monkeypatch.setattr(checks, "transformer_engine_available", lambda: True)
+    assert megatron_problems(ok, 8, True) == []
+
+
+@pytest.mark.skipif(not megatron_core_available(), reason="the override fields are megatron-core's dataclasses'")
+def test_override_keys_verlx_sets_splits_it_cannot_make_and_typos(tmp_path, monkeypatch):
+    text = _refused(tmp_path, monkeypatch, f"+{M}.override_transformer_config.num_layers=4",
+                    f"+{M}.override_transformer_config.num_layers_in_first_pipeline_stage=2",
+                    f"+{M}.override_transformer_config.recompute_granularty=full",
+                    f"+{M}.override_ddp_config.use_distributed_optimizer=false",
+                    f"+{OPT}.override_optimizer_config.adam_epss=1e-6", f"{M}.context_parallel_size=2")
+    assert f"{M}.override_transformer_config.num_layers: verlx sets it from the model's HF config" in text
+    assert "num_layers_in_first_pipeline_stage=2: verlx splits the layers evenly over pipeline stages" in text
+    assert ("recompute_granularty is not a megatron TransformerConfig field. Did you mean "
+            "'recompute_granularity'") in text
+    assert f"{M}.override_ddp_config.use_distributed_optimizer: set {M}.use_distributed_optimizer instead" in text
+    assert "adam_epss is not a megatron OptimizerConfig field. Did you mean 'adam_eps'" in text
+    assert f"{M}.context_parallel_size=2: verlx's megatron backend does not split sequences" in text
+
+
+def test_lr_schedule_keys_are_checked_and_fsdp_refuses_them(tmp_path, monkeypatch):
+    text = _refused(tmp_path, monkeypatch, f"{OPT}.lr_decay_style=WSD", f"{OPT}.min_lr=1.0",
+                    f"{OPT}.lr_scheduler_type=cosine", f"{M}.use_dist_checkpointing=true")
+    assert f"{OPT}.lr_decay_style=WSD needs {OPT}.lr_wsd_decay_steps" in text
+    assert f"{OPT}.min_lr=1.0 must lie between 0 and {OPT}.lr=1e-06" in text
+    assert f"{OPT}.lr_scheduler_type=cosine and {OPT}.lr_decay_style=WSD both set a schedule" in text
+    assert f"{M}.use_dist_checkpointing=true needs {M}.dist_checkpointing_path" in text
+    from verlx.config.loader import ConfigError
+    from verlx.trainer.preflight import validate
+
+    fsdp = build(PPOConfig, to_container(load_yaml("ppo_trainer", [*BASE, f"+{OPT}.lr_decay_style=cosine"])))
+    with pytest.raises(ConfigError, match=f"{OPT}.lr_decay_style='cosine' is a megatron optimizer key .* but the "
+                       "role's strategy is fsdp"):
+        validate(fsdp, world_size=8, check_files=False)
+
+
+def test_veRL_bridge_switches_and_expert_sizes_on_a_dense_model(tmp_path):
+    cfg = _config(tmp_path, f"{M}.use_mbridge=false", f"{M}.vanilla_mbridge=true",
+                  f"{M}.expert_model_parallel_size=2", f"{M}.expert_tensor_parallel_size=1")
+    from verlx.workers.megatron.config_checks import megatron_findings
+
+    found = megatron_findings(cfg, 8, True)
+    assert found.problems == []
+    assert found.warnings == [f"{M}.expert_model_parallel_size=2 / expert_tensor_parallel_size=1: the model has no "
+                              "experts, so they have no effect"]  # GRPO without a KL loss: no reference

@@ -52,6 +52,7 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     from verlx.rollout.base import ROLLOUT_ENGINES
     from verlx.utils.lr_schedules import LR_SCHEDULES
     from verlx.workers.engine import TRAINING_ENGINES
+    from verlx.workers.megatron.schedule import fsdp_problems as megatron_optim_keys_on_fsdp
 
     a, arr = cfg.algorithm, cfg.actor_rollout_ref
     _registered(f, "algorithm.adv_estimator", a.adv_estimator, ADV_ESTIMATORS)
@@ -70,9 +71,12 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     f.choice("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
     f.choice("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, ROLLOUT_DTYPES)
     f.choice("actor_rollout_ref.rollout.mode", arr.rollout.mode, ("sync",))
-    for key, optim in (("actor_rollout_ref.actor.optim", arr.actor.optim), ("critic.optim", cfg.critic.optim)):
+    for key, role in (("actor_rollout_ref.actor.optim", arr.actor), ("critic.optim", cfg.critic)):
+        optim = role.optim
         f.choice(f"{key}.lr_scheduler_type", optim.warmup_style or optim.lr_scheduler_type, LR_SCHEDULES.names())
         f.choice(f"{key}.optimizer", optim.optimizer, ("AdamW",))
+        if role.strategy == "fsdp":
+            f.problems += megatron_optim_keys_on_fsdp(key, optim)
 
 
 def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None:
@@ -350,9 +354,11 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     check_unsupported(cfg, f)
     check_run_length(cfg, f)
     if not f.problems:
-        from verlx.workers.megatron.config_checks import megatron_problems
+        from verlx.workers.megatron.config_checks import megatron_findings
 
-        f.problems += megatron_problems(cfg, world_size or world_size_of(cfg))
+        megatron = megatron_findings(cfg, world_size or world_size_of(cfg))
+        f.problems += megatron.problems
+        f.warnings += megatron.warnings
     if not f.problems:
         from verlx.rollout.agent.config_checks import multi_turn_problems
         from verlx.trainer.rollout_modes.config_checks import rollout_mode_problems

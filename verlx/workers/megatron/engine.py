@@ -54,7 +54,7 @@ class MegatronEngine(TrainingEngine):
         from verlx.workers.megatron.architectures import model_dims
         from verlx.workers.megatron.checkpoint import MegatronCheckpointManager
         from verlx.workers.megatron.runner import MegatronRunner
-        from verlx.workers.megatron.setup import FactorLRScheduler, build_role_chunks, layout_for, wrap_for_training
+        from verlx.workers.megatron.setup import build_lr_scheduler, build_role_chunks, layout_for, wrap_for_training
 
         dims = model_dims(spec.hf_config)
         mcfg = spec.role.megatron
@@ -66,7 +66,8 @@ class MegatronEngine(TrainingEngine):
                 chunk.requires_grad_(False)
             return cls(MegatronRunner(chunks, spec.device, role=spec.name), dims, layout, chunks)
         wrapped, optimizer = wrap_for_training(chunks, config, mcfg, spec.role.optim, spec.role.grad_clip)
-        lr_scheduler = FactorLRScheduler(optimizer, spec.role.optim, spec.total_steps)
+        key = {"actor": "actor_rollout_ref.actor", "critic": "critic"}.get(spec.name, spec.name)
+        lr_scheduler = build_lr_scheduler(optimizer, spec.role.optim, spec.total_steps, f"{key}.optim")
         runner = MegatronRunner(wrapped, spec.device, optimizer, spec.name, spec.max_consecutive_nonfinite)
         with_hf = spec.tokenizer is not None
         checkpoint = MegatronCheckpointManager(wrapped, optimizer, lr_scheduler, spec.tokenizer,

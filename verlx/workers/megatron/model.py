@@ -21,6 +21,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from verlx.models.vocab_parallel_logprob import vocab_parallel_log_probs
 from verlx.workers.megatron.architectures import ModelDims, gpt_model_kwargs, transformer_config_kwargs
 from verlx.workers.megatron.batch_layout import AlignedBatch
+from verlx.workers.megatron.overrides import transformer_kwargs_with_overrides
 from verlx.workers.megatron.parallel import ParallelLayout
 from verlx.workers.megatron.weight_layout import (
     REPLICATED,
@@ -63,7 +64,7 @@ def build_transformer_config(dims: ModelDims, layout: ParallelLayout, mcfg, reco
                                        sequence_parallel=mcfg.sequence_parallel, dtype=mcfg.dtype,
                                        recompute=recompute, use_te=use_te)
     kwargs.update(perform_initialization=False, use_cpu_initialization=on_cpu)
-    return TransformerConfig(**kwargs)
+    return TransformerConfig(**transformer_kwargs_with_overrides(kwargs, mcfg.override_transformer_config, use_te))
 
 
 class RLModelChunk(MegatronModule):
