@@ -73,10 +73,13 @@ def test_one_step_off_trainer_and_rollout_group_on_different_nodes(cluster, tiny
                          "trainer.rollout_mode=one_step_off", "actor_rollout_ref.hybrid_engine=false",
                          "rollout.nnodes=1", "rollout.n_gpus_per_node=1", "trainer.total_training_steps=2")
     assert rc == 0, log[-3000:]
-    trainer_node = re.search(r"trainer workers \(actor_rollout_ref\): rank 0 on node \S+ \((\w+)\)", log)
-    rollout_node = re.search(r"rollout worker group: rank 0 on node \S+ \((\w+)\)", log)
+    trainer_node = re.search(r"trainer workers \(actor_rollout_ref\): rank 0 on node (\S+) \((\w+)\)", log)
+    rollout_node = re.search(r"rollout worker group: rank 0 on node \S+ \((\w+)\); weights broadcast from trainer "
+                             r"rank 0 \((\S+):\d+\)", log)
     assert trainer_node and rollout_node, log[-3000:]
-    assert trainer_node.group(1) != rollout_node.group(1)
+    assert trainer_node.group(2) != rollout_node.group(1)
+    # the rendezvous address is the trainer node's (not 127.0.0.1, which a rollout group on another host cannot reach)
+    assert rollout_node.group(2) == trainer_node.group(1)
     rows = read_metrics(tmp_path)
     assert [row["step"] for row in rows] == [1, 2] and rows[1]["timing_s/weight_sync"] >= 0
 

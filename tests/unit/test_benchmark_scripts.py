@@ -132,6 +132,24 @@ def test_megatron_parity_cpu_mode_matches_fsdp_at_tp2_and_pp2(tmp_path):
     assert "| tp2_update | True |" in proc.stdout
 
 
+@pytest.mark.slow
+def test_megatron_gpu_smoke_runs_every_step_and_records_them(tmp_path):
+    """The GPU script's pipeline on the CPU (fsdp and the hf engine stand in for megatron and SGLang in main_ppo; the
+    parity step runs megatron for real in its CPU mode): every step passes and lands in the summary."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "benchmarks/megatron_gpu.py", "--smoke", "--work", str(tmp_path / "w")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = json.loads((tmp_path / "megatron_gpu.json").read_text())["steps"]
+    assert list(steps) == ["parity", "grpo", "export", "resume", "ppo_critic"]
+    assert all(step["ok"] for step in steps.values())
+    assert [row["step"] for row in steps["grpo"]["rows"]] == [1, 2, 3]
+    assert "resumed at step 3: True" in steps["resume"]["details"]
+    assert all(row["critic/vf_loss"] > 0 for row in steps["ppo_critic"]["rows"])
+    assert "| export | True |" in proc.stdout
+
+
 def test_rollout_throughput_drives_each_engine_in_its_own_process(tmp_path):
     """CPU smoke of the engine comparison: every engine forced to the full response length, its log-probs checked
     against transformers' forward pass, wake + push timed; an engine that cannot start is reported, not hidden."""
