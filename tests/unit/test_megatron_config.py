@@ -187,3 +187,21 @@ def test_veRL_bridge_switches_and_expert_sizes_on_a_dense_model(tmp_path):
     assert found.problems == []
     assert found.warnings == [f"{M}.expert_model_parallel_size=2 / expert_tensor_parallel_size=1: the model has no "
                               "experts, so they have no effect"]  # GRPO without a KL loss: no reference
+
+
+def test_tensor_parallel_groups_must_not_straddle_nodes(tmp_path):
+    """8 GPUs as 4 nodes × 2: megatron TP=4 divides the world but not a node; so does the rollout's TP=4."""
+    from verlx.config.loader import ConfigError
+    from verlx.trainer.preflight import validate
+
+    cfg = _config(tmp_path, "trainer.nnodes=4", "trainer.n_gpus_per_node=2", f"{M}.tensor_model_parallel_size=4",
+                  "actor_rollout_ref.rollout.tensor_model_parallel_size=4", heads=8, kv=4)
+    assert f"{M}.tensor_model_parallel_size=4 does not divide trainer.n_gpus_per_node=2: tensor-parallel groups " \
+           "would straddle nodes" in "\n".join(megatron_problems(cfg, 8, True))
+    # the rollout engines' TP groups, checked before Ray now (the workers' engine layout refused them after it)
+    with pytest.raises(ConfigError, match="rollout.tensor_model_parallel_size=4 does not divide "
+                       "trainer.n_gpus_per_node=6, so some tensor-parallel groups would straddle two nodes"):
+        validate(_config(tmp_path, "trainer.nnodes=2", "trainer.n_gpus_per_node=6", "data.train_batch_size=12",
+                         "actor_rollout_ref.rollout.tensor_model_parallel_size=4"), world_size=12, check_files=False)
+    ok = _config(tmp_path, "trainer.nnodes=4", "trainer.n_gpus_per_node=2", f"{M}.tensor_model_parallel_size=2")
+    assert megatron_problems(ok, 8, True) == []

@@ -153,14 +153,23 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
             f"{key}.log_prob_micro_batch_size_per_gpu is not set (and log_prob_use_dynamic_bsz is false); "
             "set it to the samples per log-prob forward pass on each GPU, e.g. 8",
         )
-    tp = arr.rollout.tensor_model_parallel_size
-    f.require(
-        tp >= 1 and world_size % tp == 0,
-        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the world size {world_size}; "
-        f"sizes that work: {_divisors(world_size)}",
-    )
+    check_rollout_tp(cfg, f, world_size)
     if data.val_batch_size is not None:
         f.require(data.val_batch_size > 0, f"data.val_batch_size={data.val_batch_size} must be positive or null")
+
+
+def check_rollout_tp(cfg: PPOConfig, f: Findings, world_size: int) -> None:
+    """The rollout engines' TP groups tile the processes that host them (the trainer's, or the rollout group's)
+    and either fit inside a node or span whole nodes: the check the workers' engine layout would fail later."""
+    from verlx.rollout.engine_layout import check_tp_size
+
+    tp, t = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, cfg.trainer
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        world_size = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    try:
+        check_tp_size(world_size, tp, t.n_gpus_per_node)
+    except ValueError as e:
+        f.problems.append(str(e))
 
 
 def _ranks_per_shard(role) -> int:

@@ -86,6 +86,10 @@ def megatron_findings(cfg, world_size: int, megatron_installed: bool | None = No
                            cfg.critic.optim, "critic.optim"))
     for role in roles:
         _check_role(role, world_size, f)
+        tp, per_node = role.megatron.tensor_model_parallel_size, cfg.trainer.n_gpus_per_node
+        f.require(tp < 1 or per_node % tp == 0, f"{role.key}.tensor_model_parallel_size={tp} does not divide "
+                  f"trainer.n_gpus_per_node={per_node}: tensor-parallel groups would straddle nodes (their all-reduces "
+                  f"run every layer); use a divisor of {per_node}")
     if actor_meg:
         f.problems += _exact_kl_problems(cfg)
     first = roles[0]
