@@ -205,3 +205,27 @@ def test_tensor_parallel_groups_must_not_straddle_nodes(tmp_path):
                          "actor_rollout_ref.rollout.tensor_model_parallel_size=4"), world_size=12, check_files=False)
     ok = _config(tmp_path, "trainer.nnodes=4", "trainer.n_gpus_per_node=2", f"{M}.tensor_model_parallel_size=2")
     assert megatron_problems(ok, 8, True) == []
+
+
+def test_expert_sizes_are_checked_against_a_mixture_of_experts_model(tmp_path, monkeypatch):
+    import verlx.workers.megatron.config_checks as checks
+
+    model = tmp_path / "moe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "num_attention_heads": 8, "num_key_value_heads": 4,
+        "num_hidden_layers": 8, "num_experts": 6, "moe_intermediate_size": 30}))
+    cfg = build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer", [
+        *BASE, f"actor_rollout_ref.model.path={model}", f"{M}.expert_model_parallel_size=4",
+        f"{M}.expert_tensor_parallel_size=4"])))
+    monkeypatch.setattr(checks, "transformer_engine_available", lambda: True)
+    text = "\n".join(megatron_problems(cfg, 8, True))
+    assert f"{M}.expert_model_parallel_size=4 does not divide the model's 6 experts" in text
+    assert "expert_tensor_parallel_size × expert_model_parallel_size × pipeline_model_parallel_size = 4×4×1 = 16 " \
+           "does not divide the world size 8" in text
+    assert f"{M}.expert_tensor_parallel_size=4 does not divide the model's moe_intermediate_size=30" in text
+    assert f"{M}: the model is a mixture of experts, which verlx converts for megatron's local layers only" in text
+    ok = build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer", [
+        *BASE, f"actor_rollout_ref.model.path={model}", f"{M}.expert_model_parallel_size=2",
+        f"{M}.use_transformer_engine=false"])))
+    assert megatron_problems(ok, 8, True) == []

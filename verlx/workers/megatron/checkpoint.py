@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import torch
 import torch.distributed as dist
@@ -142,9 +143,11 @@ def _read(ckpt: str, key: str, shape, dtype) -> torch.Tensor:
 
 
 def _stored_key(name: str, keys) -> str:
-    """The dist-checkpoint key of a megatron parameter (layer index stripped: layers are stacked on dim 0)."""
+    """The dist-checkpoint key of a megatron parameter: layer index stripped (layers are stacked on dim 0), and an
+    expert's index too (megatron stacks experts on dim 1 under `experts.experts.` for `experts.local_experts.<e>.`)."""
     generic = "gpt." + name.split(".", 3)[0] + ".layers." + name.split(".", 3)[3] if ".layers." in name \
         else "gpt." + name
+    generic = re.sub(r"experts\.local_experts\.\d+\.", "experts.experts.", generic)
     for candidate in (generic, te_name(generic)):
         if candidate in keys:
             return candidate
@@ -189,6 +192,7 @@ def export_megatron_checkpoint(ckpt_dir: str, out_dir: str, max_shard_bytes: int
         stacked = _read(ckpt, key, *keys[key])  # every layer's copy of one parameter: read once
         for spec in specs:
             merged = stacked[spec.layer] if spec.layer is not None else stacked
+            merged = merged[spec.expert] if spec.expert is not None else merged
             for name, tensor in split_to_hf(spec, merged, dims):
                 tensor = tensor.to(dtype) if dtype is not None else tensor
                 nbytes = tensor.numel() * tensor.element_size()

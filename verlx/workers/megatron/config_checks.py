@@ -124,6 +124,8 @@ def _check_role(role: _Role, world_size: int, f: Findings) -> None:
               "transformer-engine's attention); set it to 1")
     _check_experts(key, m, experts, moe_ffn, world_size, f)
     te = _check_transformer_engine(key, m, f)
+    f.require(not (experts and te), f"{key}: the model is a mixture of experts, which verlx converts for megatron's "
+              "local layers only; set use_transformer_engine=false")
     f.problems += transformer_override_problems(
         key, m.override_transformer_config, te,
         _fields("megatron.core.transformer.transformer_config", "TransformerConfig"))

@@ -132,14 +132,17 @@ class MegatronEngine(TrainingEngine):
         self.checkpoint.load(path)
 
     def rollout_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors from the TP/PP shards: each owning stage gathers over TP, then broadcasts over PP."""
+        """HF-named full tensors from the TP/PP/EP shards: the owning ranks gather over (expert-)TP, then broadcast
+        over EP and PP."""
         from megatron.core import parallel_state as mpu
 
         from verlx.rollout.weight_sync import iter_engine_weights
-        from verlx.workers.megatron.export_plan import export_plan, iter_hf_weights
+        from verlx.workers.megatron.export_plan import ExportGroups, export_plan, iter_hf_weights
         from verlx.workers.megatron.model import local_params
 
-        named = iter_hf_weights(export_plan(self.dims, self.layout), self.dims, local_params(self.chunks),
-                                mpu.get_pipeline_model_parallel_rank(), mpu.get_tensor_model_parallel_group(),
-                                mpu.get_pipeline_model_parallel_group(), dtype, self.device)
+        groups = ExportGroups(mpu.get_pipeline_model_parallel_rank(), mpu.get_tensor_model_parallel_group(),
+                              mpu.get_pipeline_model_parallel_group(), mpu.get_expert_model_parallel_rank(),
+                              mpu.get_expert_tensor_parallel_group(), mpu.get_expert_model_parallel_group())
+        named = iter_hf_weights(export_plan(self.dims, self.layout), self.dims, local_params(self.chunks), groups,
+                                dtype, self.device)
         return iter_engine_weights(named, None, self.dims.tie_word_embeddings)

@@ -16,8 +16,10 @@ logger = logging.getLogger(__name__)
 
 
 def layout_for(mcfg, world_size: int, dims: ModelDims) -> ParallelLayout:
+    """The role's layout; the expert sizes apply to mixture-of-experts models only (dense ones ignore them)."""
+    experts = dict(ep=mcfg.expert_model_parallel_size, etp=mcfg.expert_tensor_parallel_size) if dims.is_moe else {}
     return require_layout(world_size, mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size,
-                          mcfg.context_parallel_size, mcfg.virtual_pipeline_model_parallel_size,
+                          mcfg.context_parallel_size, mcfg.virtual_pipeline_model_parallel_size, **experts,
                           num_heads=dims.num_heads, num_kv_heads=dims.num_kv_heads, num_layers=dims.num_layers)
 
 
@@ -28,16 +30,20 @@ def init_model_parallel(layout: ParallelLayout, seed: int) -> None:
 
     if mpu.model_parallel_is_initialized():
         current = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
-                   mpu.get_context_parallel_world_size())
-        if current != (layout.tp, layout.pp, layout.cp):
-            raise ValueError(f"megatron is already initialised with (tp, pp, cp)={current} in this process; "
-                             f"colocated roles must use the same layout, got {(layout.tp, layout.pp, layout.cp)}")
+                   mpu.get_context_parallel_world_size(), mpu.get_expert_model_parallel_world_size(),
+                   mpu.get_expert_tensor_parallel_world_size())
+        wanted = (layout.tp, layout.pp, layout.cp, layout.ep, layout.expert_tp)
+        if current != wanted:
+            raise ValueError(f"megatron is already initialised with (tp, pp, cp, ep, etp)={current} in this process; "
+                             f"colocated roles must use the same layout, got {wanted}")
         return
     mpu.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp,
         context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
     )
     if torch.cuda.is_available():
         from megatron.core import tensor_parallel
