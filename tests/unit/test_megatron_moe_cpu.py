@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from helpers.ppo_batches import ragged_ppo_batch
+
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'verlx[megatron]')")
 
 LAYOUTS = {"dp2": dict(), "ep2": dict(expert_model_parallel_size=2),
@@ -90,7 +92,6 @@ def _export_matches_stream(engine, path: str, name: str) -> bool:
     if dist.get_rank() != 0:
         return True
     from safetensors.torch import load_file
-
     from transformers import AutoConfig
 
     ckpt, out = os.path.join(path, "..", name, "actor"), os.path.join(path, "..", name, "exported")
@@ -104,7 +105,6 @@ def _worker(rank: int, tmp: str) -> None:
     import torch.distributed as dist
 
     from helpers.megatron_cpu import cuda_as_cpu
-    from helpers.ppo_batches import ragged_ppo_batch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=2)
@@ -126,9 +126,6 @@ def test_expert_and_tensor_parallel_moe_match_hf_and_data_parallel():
         mp.spawn(_worker, args=(tmp,), nprocs=2)
         results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
     last = results[1]  # rows are the same on both ranks; rank 1 is the last pipeline stage in every layout
-    mask = torch.ones_like(last["hf"], dtype=torch.bool)
-    from helpers.ppo_batches import ragged_ppo_batch
-
     mask = ragged_ppo_batch(0, rows=8, token_range=(3, 40)).batch["response_mask"].bool()
     reference = last["dp2"]
     assert (last["hf"] - reference["before"]).abs()[mask].max() < 1e-5
