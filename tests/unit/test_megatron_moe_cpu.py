@@ -95,7 +95,7 @@ def _export_matches_stream(engine, path: str, name: str) -> bool:
     from transformers import AutoConfig
 
     ckpt, out = os.path.join(path, "..", name, "actor"), os.path.join(path, "..", name, "exported")
-    AutoConfig.from_pretrained(path).save_pretrained(os.path.join(ckpt, "huggingface"))  # the worker's, with a tokenizer
+    AutoConfig.from_pretrained(path).save_pretrained(os.path.join(ckpt, "huggingface"))  # the worker writes it
     export_megatron_checkpoint(ckpt, out, dtype=torch.float32)
     exported = load_file(os.path.join(out, "model.safetensors"))
     return set(exported) == set(streamed) and all(torch.equal(exported[k], streamed[k]) for k in streamed)
