@@ -54,8 +54,8 @@ def run(cmd: list[str], log_path: str, timeout_s: float, env: dict | None = None
 def ppo_command(args, work: str, name: str, steps: int, extra: list[str]) -> list[str]:
     model_dir, data_dir = os.path.join(work, "model"), os.path.join(work, "data")
     gpu = not args.smoke
-    backend = (["--config-name", "ppo_megatron_trainer", "actor_rollout_ref.rollout.name=sglang",
-                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    backend = (["--config-name", "ppo_megatron_trainer", f"actor_rollout_ref.rollout.name={args.engine}",
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={2 if args.engine == 'sglang' else 1}",
                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "trainer.n_gpus_per_node=2"] if gpu else
                ["actor_rollout_ref.rollout.name=hf", "trainer.device=cpu", "trainer.n_gpus_per_node=1"])
     out = os.path.join(work, name)
@@ -169,6 +169,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--response-length", type=int, default=128)
+    p.add_argument("--engine", default="sglang", help="rollout engine of the main_ppo steps (sglang: TP=2)")
     p.add_argument("--smoke", action="store_true", help="CPU: fsdp and the hf engine, tiny shape")
     args = p.parse_args()
     if args.smoke:
