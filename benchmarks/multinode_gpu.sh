@@ -6,7 +6,8 @@
 #   2. one_step_off with the trainer on one node and the rollout group on the other (weights broadcast over NCCL).
 # Prints where every rank landed and a summary; a failed run is recorded and the next one still runs.
 #
-#   source .device/install.sh && bash benchmarks/multinode_gpu.sh          # on the GPU machine (about 6 min)
+#   source .device/install.sh && bash benchmarks/multinode_gpu.sh          # on the GPU machine (under 10 min: each
+#                                                                          # run is cut at RUN_TIMEOUT=180 s)
 #   SMOKE=1 OUT=/tmp/o WORK=/tmp/w bash benchmarks/multinode_gpu.sh        # CPU: tiny shape, hf engine
 #
 # Every process uses Ray's token authentication (Ray 2.60 turns it on for `ray start` clusters; all processes of
@@ -59,7 +60,7 @@ prepare_inputs; prepare_inputs('$WORK', '$SHAPE')" > "$OUT/inputs.log" 2>&1
 
 ppo() {  # ppo NAME KEY=VALUE... : one main_ppo run joining the cluster; its log in $OUT/NAME.log
   local name=$1; shift
-  RAY_ADDRESS="127.0.0.1:$PORT" timeout 420 python3 -m verlx.trainer.main_ppo \
+  RAY_ADDRESS="127.0.0.1:$PORT" timeout "${RUN_TIMEOUT:-180}" python3 -m verlx.trainer.main_ppo \
     algorithm.adv_estimator=grpo data.train_files="$WORK/data/train.parquet" data.val_files="$WORK/data/test.parquet" \
     data.train_batch_size="$PROMPTS" data.max_prompt_length=64 data.max_response_length="$TOKENS" \
     actor_rollout_ref.model.path="$WORK/model" actor_rollout_ref.actor.optim.lr=1e-6 "${BACKEND[@]}" \
