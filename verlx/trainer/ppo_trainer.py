@@ -108,6 +108,7 @@ class RayPPOTrainer:
         if self.config.reward_model.enable:
             roles["reward_model"] = RayClassWithInitArgs(RewardModelWorker, config=self.config)
         self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
+        logger.info("trainer workers (%s): %s", "+".join(roles), self.worker_group.placement())
         views = self.worker_group.spawn({role: WORKER_CLASSES[role] for role in roles})
         for view in views.values():
             view.set_timeouts(t.phase_timeout_s, **t.phase_timeouts)
