@@ -18,6 +18,7 @@ from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
 from verlx.algorithms.rollout_correction import rollout_correction
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
+from verlx.reward.loading import describe_reward_function
 from verlx.rollout.agent.metrics import agent_input_keys, multi_turn_metrics
 from verlx.single_controller.ray import (
     RayClassWithInitArgs,
@@ -36,6 +37,7 @@ from verlx.trainer.perf_metrics import (
     token_counts,
 )
 from verlx.trainer.resume import ResumePoint, plan_resume
+from verlx.trainer.reward_signal import RewardSignalMonitor
 from verlx.trainer.rollout_modes.staleness import staleness_metrics, stamp
 from verlx.trainer.validation import Validator
 from verlx.utils.paths import expand_path
@@ -74,6 +76,8 @@ class RayPPOTrainer:
         self.resume_planned = False
         self.policy_version = 0  # training steps whose update is done: the weights' version (docs/async.md)
         self.rollout_group = self.pipeline = None
+        self.reward_signal = RewardSignalMonitor(
+            lambda source: describe_reward_function(config.custom_reward_function, source), config.data.reward_fn_key)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -256,6 +260,7 @@ class RayPPOTrainer:
                 batch = self._rollout_and_score(batch, metrics, timing)
             else:
                 batch = self._score_generated(generated, metrics, timing)
+            metrics.update(self.reward_signal.observe(batch, self.global_step))
             if cfg.algorithm.filter_groups.enable:
                 batch = self._fill_with_informative_groups(batch, more_batches, metrics, timing)
             if cfg.trainer.balance_batch:
