@@ -10,6 +10,7 @@ GRPO has to move it towards the last digit. Held-out accuracy is sampled at temp
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from verlx.models.tiny import TinyModelSpec, save_tiny_model
 from verlx.trainer import ppo_trainer
 from verlx.trainer.main_ppo import run_ppo
 
+# ~90 s for the module on 2 busy cores (the SFT fixture ~30 s, each GRPO run ~10 s): slow, still in `pytest tests`
+pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELD_OUT = f"val-core/{DATA_SOURCE}/reward/mean@4"
 STEPS = 10
@@ -50,10 +53,9 @@ def sloppy_sft(tmp_path_factory):
     return str(model), str(data)
 
 
-def held_out_gain(tmp_path, model_dir, data_dir, *overrides) -> tuple[float, float]:
-    """Held-out sampled accuracy before and after STEPS GRPO steps."""
-    cfg = make_config(
-        model_dir, data_dir, tmp_path,
+def learning_overrides(*overrides) -> list[str]:
+    """A short GRPO run from the sloppy SFT model on one CPU worker with the native engine."""
+    return [
         "algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=1", "trainer.device=cpu", "trainer.seed=0",
         "actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.load_format=auto",
         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.temperature=1.0",
@@ -63,12 +65,17 @@ def held_out_gain(tmp_path, model_dir, data_dir, *overrides) -> tuple[float, flo
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=128",
         "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.model.external_lib=helpers.learning_faults",
-        f"custom_reward_function.path={REPO}/tests/helpers/learning_task.py",
+        f"custom_reward_function.path={REPO}/tests/helpers/learning_task.py", "trainer.save_freq=-1",
+        *overrides,
+    ]
+
+
+def held_out_gain(tmp_path, model_dir, data_dir, *overrides) -> tuple[float, float]:
+    """Held-out sampled accuracy before and after STEPS GRPO steps."""
+    cfg = make_config(model_dir, data_dir, tmp_path, *learning_overrides(
         f"trainer.total_training_steps={STEPS}", f"trainer.test_freq={STEPS}", "trainer.val_before_train=true",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-        "actor_rollout_ref.rollout.val_kwargs.n=4", "trainer.save_freq=-1",
-        *overrides,
-    )
+        "actor_rollout_ref.rollout.val_kwargs.n=4", *overrides))
     run_ppo(cfg)
     accuracy = [row[HELD_OUT] for row in read_metrics(tmp_path) if HELD_OUT in row]
     assert len(accuracy) == 2, accuracy
@@ -94,10 +101,23 @@ PLANTED = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(PLANTED))
 def test_planted_fault_fails_the_learning_check(ray_cpu, sloppy_sft, tmp_path, monkeypatch, fault):
     if fault == "reference-as-actor":
         monkeypatch.setattr(ppo_trainer, "ActorRolloutRefWorker", faults.ReferenceRolloutWorker)
     before, after = held_out_gain(tmp_path, *sloppy_sft, *PLANTED[fault])
     assert not learned(before, after), (before, after)
+
+
+def test_a_constant_reward_is_reported_within_three_steps(ray_cpu, sloppy_sft, tmp_path, caplog):
+    """Bad input: a reward that scores every sample alike gives GRPO nothing; the run says so by step 3."""
+    cfg = make_config(*sloppy_sft, tmp_path, *learning_overrides(
+        "custom_reward_function.name=constant_score", "trainer.total_training_steps=3", "trainer.test_freq=-1"))
+    with caplog.at_level(logging.WARNING, logger="verlx.trainer.reward_signal"):
+        run_ppo(cfg)
+    assert [row["critic/score/zero_variance_ratio"] for row in read_metrics(tmp_path)] == [1.0, 1.0, 1.0]
+    [warning] = caplog.records
+    message = warning.getMessage()
+    assert message.startswith("step 3: for 3 steps in a row every prompt group of data_source 'last_digit' scored "
+                              "the same on all its 8 samples (every sample scored 0.5;")
+    assert f"Reward: custom_reward_function constant_score in {REPO}/tests/helpers/learning_task.py." in message

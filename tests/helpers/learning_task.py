@@ -18,6 +18,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> f
     return float(solution_str.strip() == str(ground_truth))
 
 
+def constant_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    """A broken reward: the same score whatever the response (GRPO learns nothing from it)."""
+    return 0.5
+
+
 def rows(numbers, split: str, teacher_accuracy: float, rng: random.Random) -> list[dict]:
     out = []
     for index, number in enumerate(numbers):
