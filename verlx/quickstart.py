@@ -57,6 +57,16 @@ def rows_to_resolve(gain: float) -> int:
     return math.ceil(2.0 / gain**2)
 
 
+def small_test_split_warning(test_size: int, gain: float = CLAIMED_GAIN) -> str | None:
+    """Why a test split of `test_size` rows cannot show `gain`, or None when it can."""
+    needed = rows_to_resolve(gain)
+    if test_size >= needed:
+        return None
+    return (f"--test_size {test_size} is too small to measure a {gain:.0%} gain: two standard errors of the "
+            f"before/after difference can reach {200 * math.sqrt(0.5 / max(test_size, 1)):.0f} points; use at "
+            f"least {needed} rows")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verlx.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", default="runs/quickstart")
@@ -67,11 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = p.parse_known_args(argv)
     out = os.path.abspath(args.output_dir)
     _claim_output_dir(out, {"seed": args.seed, "test_size": args.test_size})
-    needed = rows_to_resolve(CLAIMED_GAIN)
-    if args.test_size < needed:
-        print(f"warning: --test_size {args.test_size} is too small to measure a {CLAIMED_GAIN:.0%} gain: two standard "
-              f"errors of the before/after difference can reach {200 * math.sqrt(0.5 / args.test_size):.0f} "
-              f"points; use at least {needed} rows", flush=True)
+    warning = small_test_split_warning(args.test_size)
+    if warning:
+        print(f"warning: {warning}", flush=True)
     model, data, sft, rl, rl_model = (os.path.join(out, d) for d in ("model", "data", "sft_model", "grpo",
                                                                      "grpo_model"))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
