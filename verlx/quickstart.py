@@ -1,9 +1,10 @@
 """`python -m verlx.quickstart [--seed S]`: the embedded default, end to end on a laptop-class CPU.
 
 1. build a tiny Qwen2-architecture model and its tokenizer (save_pretrained),
-2. write a synthetic set of two-digit sums (GSM8K schema): train, a validation split for SFT and a test split that
-   no training decision ever sees. The training demonstrations come from a sloppy teacher that forgets most
-   carries (examples/data_preprocess/arithmetic.py --carry_slip); the ground truth is always right,
+2. write a synthetic set of two-digit sums (GSM8K schema), worked column by column ("57+68=?" → "7+8=15, 5+6+1=12,
+   #### 125"): train, a validation split for SFT and a test split that no training decision ever sees. The
+   training demonstrations come from a sloppy teacher that forgets most carries ("7+8=15, 5+6=11, #### 115";
+   examples/data_preprocess/arithmetic.py --carry_slip); the ground truth is always right,
 3. fine-tune the model on the demonstrations for a fixed number of steps (SFT, main_sft's defaults): it learns to
    add, and to forget most carries, so it is right on the sums without a carry and wrong on most others,
 4. train it with GRPO through main_ppo (2 CPU workers, the native rollout engine), rewarded for right sums only,
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verlx.quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", default="runs/quickstart")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, the model's initialisation, SFT and GRPO")
-    p.add_argument("--rl_steps", type=int, default=40)
+    p.add_argument("--rl_steps", type=int, default=20)
     p.add_argument("--test_size", type=int, default=500, help="held-out sums for the before/after accuracy")
     p.add_argument("--workers", type=int, default=2, help="CPU worker processes (trainer.n_gpus_per_node)")
     args, extra = p.parse_known_args(argv)
@@ -89,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         run([PYTHON, "-m", "verlx.models.tiny", "--output_dir", model, "--seed", str(args.seed)], env)
     if not os.path.exists(os.path.join(data, "test.parquet")):
         run([PYTHON, os.path.join(_examples(), "arithmetic.py"), "--local_save_dir", data, "--min_operand", "10",
-             "--max_operand", "99", "--test_size", str(args.test_size), "--val_size", "250", "--carry_slip",
-             str(CARRY_SLIP), "--seed", str(args.seed)], env)
+             "--max_operand", "99", "--test_size", str(args.test_size), "--val_size", "250", "--chain_of_thought",
+             "--carry_slip", str(CARRY_SLIP), "--seed", str(args.seed)], env)
     if not os.path.exists(os.path.join(sft, "config.json")):
         run([PYTHON, "-m", "verlx.trainer.main_sft", f"data.train_files={data}/train.parquet",
              f"data.val_files={data}/val.parquet", f"model.partial_pretrain={model}",
@@ -114,7 +115,7 @@ def _grpo_command(args, data: str, sft: str, rl: str, out: str, extra: list[str]
         PYTHON, "-m", "verlx.trainer.main_ppo",
         "algorithm.adv_estimator=grpo",
         f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
-        "data.train_batch_size=32", "data.max_prompt_length=32", "data.max_response_length=16",
+        "data.train_batch_size=32", "data.max_prompt_length=32", "data.max_response_length=32",
         f"actor_rollout_ref.model.path={sft}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         "actor_rollout_ref.actor.optim.lr=3e-4", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
@@ -123,7 +124,7 @@ def _grpo_command(args, data: str, sft: str, rl: str, out: str, extra: list[str]
         "actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.n=8",
         "actor_rollout_ref.rollout.temperature=1.0", f"actor_rollout_ref.rollout.seed={args.seed}",
         f"trainer.n_gpus_per_node={args.workers}", "trainer.device=cpu", f"trainer.seed={args.seed}",
-        f"trainer.total_training_steps={args.rl_steps}", "trainer.test_freq=10",
+        f"trainer.total_training_steps={args.rl_steps}", "trainer.test_freq=5",
         f"trainer.save_freq={args.rl_steps}",
         "trainer.val_before_train=true", "trainer.logger=[console,file]",
         "trainer.project_name=verlx_quickstart", "trainer.experiment_name=arithmetic_grpo",

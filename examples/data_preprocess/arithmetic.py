@@ -7,10 +7,16 @@ Prompts are short on purpose: the quick-start model is a tiny character-level mo
 next --val_size the validation set and the next --train_size (default: all the rest) the training set, so no test
 question is ever trained on. Answers are scored like GSM8K (the number after "#### ").
 
+--chain_of_thought writes every answer column by column before the result (operands up to two digits):
+"57+68=?" → "7+8=15, 5+6+1=12, #### 125". Each step then needs only a few nearby digits, which the quick start's
+tiny model learns within a few hundred SFT steps for every seed tried; the bare "#### 125" it learns at a step count
+that varies several-fold with the seed (issue 24).
+
 --carry_slip P writes the training rows' demonstrations (extra_info.answer, what SFT imitates) as a sloppy teacher
-would: a sum that needs a carry from the units into the tens is written without it (57+68 → "#### 115") with
-probability P. Their ground truth (reward_model.ground_truth, what the reward checks) stays right, and so do the
-test and validation rows: SFT learns to forget carries, and RL, rewarded for right answers, can unlearn that.
+would: a sum that needs a carry from the units into the tens is written without it (57+68 → "#### 115", or
+"7+8=15, 5+6=11, #### 115") with probability P. Their ground truth (reward_model.ground_truth, what the reward
+checks) stays right, and so do the test and validation rows: SFT learns to forget carries, and RL, rewarded for
+right answers, can unlearn that.
 """
 
 from __future__ import annotations
@@ -33,16 +39,27 @@ def needs_carry(a: int, b: int) -> bool:
     return a % 10 + b % 10 >= 10
 
 
-def to_row(a: int, b: int, split: str, index: int, forget_carry: bool = False) -> dict:
+def worked_answer(a: int, b: int, forget_carry: bool = False) -> str:
+    """The sum of two operands below 100 column by column: "7+8=15, 5+6+1=12, #### 125" (without the "+1" and
+    with its consequence when the carry is forgotten)."""
+    forgot = forget_carry and needs_carry(a, b)
+    carry = needs_carry(a, b) and not forgot
+    units = f"{a % 10}+{b % 10}={a % 10 + b % 10}"
+    tens = f"{a // 10}+{b // 10}" + ("+1" if carry else "") + f"={a // 10 + b // 10 + int(carry)}"
+    return f"{units}, {tens}, #### {a + b - 10 * forgot}"
+
+
+def to_row(a: int, b: int, split: str, index: int, forget_carry: bool = False, chain_of_thought: bool = False) -> dict:
     """One row; with `forget_carry` (a sum that needs a carry) the demonstration drops it, the ground truth does not."""
     question = f"{a}+{b}=?"
     shown = a + b - 10 if forget_carry and needs_carry(a, b) else a + b
+    answer = worked_answer(a, b, forget_carry) if chain_of_thought else f"#### {shown}"
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-        "extra_info": {"split": split, "index": index, "answer": f"#### {shown}", "question": question},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
     }
 
 
@@ -78,8 +95,12 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
                              "early stopping, so the test set stays unseen by every training decision)")
     parser.add_argument("--carry_slip", type=float, default=0.0,
                         help="probability that a training demonstration forgets the carry of a sum that needs one")
+    parser.add_argument("--chain_of_thought", action="store_true",
+                        help='answers worked column by column: "7+8=15, 5+6+1=12, #### 125" (operands up to 99)')
     parser.add_argument("--seed", type=int, default=0, help="seed of the split and of the teacher's slips")
     args = parser.parse_args(argv)
+    if args.chain_of_thought and args.max_operand > 99:
+        parser.error(f"--chain_of_thought works two columns: --max_operand must be at most 99, got {args.max_operand}")
     if not 0.0 <= args.carry_slip <= 1.0:
         parser.error(f"--carry_slip must be within [0, 1], got {args.carry_slip}")
 
@@ -91,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     slips = random.Random(f"carry_slip-{args.seed}")
     written = {}
     for split, pairs in splits:
-        rows = [to_row(a, b, split, i, split == "train" and slips.random() < args.carry_slip)
+        rows = [to_row(a, b, split, i, split == "train" and slips.random() < args.carry_slip, args.chain_of_thought)
                 for i, (a, b) in enumerate(pairs)]
         written[split] = write_parquet_atomic(
             rows, os.path.join(os.path.expanduser(args.local_save_dir), f"{split}.parquet")

@@ -42,12 +42,12 @@ def sloppy_sft(tmp_path_factory):
     spec = TinyModelSpec(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
     base = save_tiny_model(str(root / "base"), seed=0, spec=spec)
     model = root / "sft"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: the same floating-point history on every run
     subprocess.run(
         [sys.executable, "-m", "verlx.trainer.main_sft", f"data.train_files={paths['train']}", "data.val_files=null",
          f"model.partial_pretrain={base}", f"trainer.default_local_dir={model}", f"trainer.output_dir={root}/sft_logs",
-         "trainer.total_training_steps=300", "trainer.target_val_accuracy=null", "trainer.device=cpu",
-         "trainer.logger=[file]"],
+         "trainer.total_training_steps=300", "data.train_batch_size=64", "data.micro_batch_size_per_gpu=64",
+         "optim.lr=3e-3", "trainer.target_val_accuracy=null", "trainer.device=cpu", "trainer.logger=[file]"],
         cwd=REPO, env=env, check=True, capture_output=True, timeout=300,
     )
     return str(model), str(data)

@@ -36,6 +36,15 @@ def test_to_row_forgets_only_a_needed_carry(arithmetic):
     assert arithmetic.to_row(57, 68, "train", 0)["extra_info"]["answer"] == "#### 125"
 
 
+def test_worked_answers_column_by_column(arithmetic):
+    assert arithmetic.worked_answer(57, 68) == "7+8=15, 5+6+1=12, #### 125"
+    assert arithmetic.worked_answer(57, 68, forget_carry=True) == "7+8=15, 5+6=11, #### 115"
+    assert arithmetic.worked_answer(52, 36, forget_carry=True) == "2+6=8, 5+3=8, #### 88"  # nothing to forget
+    assert arithmetic.worked_answer(95, 8) == "5+8=13, 9+0+1=10, #### 103"
+    row = arithmetic.to_row(57, 68, "train", 0, forget_carry=True, chain_of_thought=True)
+    assert row["extra_info"]["answer"] == "7+8=15, 5+6=11, #### 115" and row["reward_model"]["ground_truth"] == "125"
+
+
 @pytest.mark.parametrize("slip", [0.0, 1.0])
 def test_splits_and_slips(arithmetic, tmp_path, slip):
     written = arithmetic.main(["--local_save_dir", str(tmp_path), "--min_operand", "10", "--max_operand", "19",
@@ -64,8 +73,22 @@ def test_carry_slip_is_seeded_and_partial(arithmetic, tmp_path):
     assert len(carried) == 4500 and 0.67 < forgotten / len(carried) < 0.73  # 0.7 ± 4 standard errors (0.0068 each)
 
 
+def test_chain_of_thought_rows_score_like_their_sums(arithmetic, tmp_path):
+    from verlx.reward.scores import default_compute_score
+
+    written = arithmetic.main(["--local_save_dir", str(tmp_path), "--min_operand", "10", "--test_size", "50",
+                               "--chain_of_thought", "--seed", "2"])
+    for row in read(written["test"]):
+        a, b = operands(row)
+        assert row["extra_info"]["answer"] == arithmetic.worked_answer(a, b)
+        truth = row["reward_model"]["ground_truth"]
+        assert default_compute_score("arithmetic", row["extra_info"]["answer"], truth) == 1
+
+
 def test_operand_range_is_checked(arithmetic, tmp_path):
     with pytest.raises(ValueError, match="--min_operand 50 must be within 0..--max_operand 40"):
         arithmetic.main(["--local_save_dir", str(tmp_path), "--min_operand", "50", "--max_operand", "40"])
     with pytest.raises(SystemExit):
         arithmetic.main(["--local_save_dir", str(tmp_path), "--carry_slip", "1.5"])
+    with pytest.raises(SystemExit):
+        arithmetic.main(["--local_save_dir", str(tmp_path), "--max_operand", "100", "--chain_of_thought"])

@@ -24,8 +24,8 @@ class SFTDataConfig:
     reward_fn_key: str = "data_source"
     max_length: int = 512
     truncation: str = "error"
-    train_batch_size: int = 64
-    micro_batch_size_per_gpu: int = 64
+    train_batch_size: int = 32
+    micro_batch_size_per_gpu: int = 32
     shuffle: bool = True
     val_batch_size: int = 250
     val_max_new_tokens: int = 32
