@@ -24,7 +24,7 @@ from verlx.models.tiny import TinyModelSpec, save_tiny_model
 from verlx.trainer import ppo_trainer
 from verlx.trainer.main_ppo import run_ppo
 
-# ~90 s for the module on 2 busy cores (the SFT fixture ~30 s, each GRPO run ~10 s): slow, still in `pytest tests`
+# 92-122 s for the module on 2 busy cores (SFT fixture 29-47 s, each GRPO run 7-14 s): slow, still in `pytest tests`
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELD_OUT = f"val-core/{DATA_SOURCE}/reward/mean@4"
