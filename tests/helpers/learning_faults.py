@@ -14,7 +14,8 @@ import time
 import torch
 
 from verlx.algorithms.advantages import grpo, register_estimator
-from verlx.algorithms.policy_losses import POLICY_LOSSES, vanilla
+from verlx.algorithms.policy_losses import POLICY_LOSSES
+from verlx.algorithms.policy_losses.ppo import vanilla
 from verlx.rollout.native.engine import NativeEngine
 from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
