@@ -20,7 +20,9 @@ COMPONENT_REWARD = ("def compute_score(data_source, solution_str, ground_truth, 
 
 
 def test_every_registered_estimator_is_covered():
-    assert sorted(ESTIMATORS) == ADV_ESTIMATORS.names()
+    """Every estimator verlx ships; test helpers register planted faults too (tests/helpers/learning_faults.py)."""
+    shipped = [name for name in ADV_ESTIMATORS.names() if ADV_ESTIMATORS.get(name).fn.__module__.startswith("verlx.")]
+    assert sorted(ESTIMATORS) == shipped
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)

@@ -156,7 +156,12 @@ def test_kl_cov_penalises_the_top_covariance_tokens():
     assert metrics["pg_clipfrac"] == 0.25 and metrics["ppo_kl"] == pytest.approx(-0.1)
 
 
-@pytest.mark.parametrize("mode", sorted(set(POLICY_LOSSES.names()) - {"bypass_mode"}))  # bypass: test_bypass_mode
+# the losses verlx ships (test helpers register planted faults beside them); bypass_mode: test_bypass_mode
+SHIPPED_LOSSES = sorted(name for name in POLICY_LOSSES.names()
+                        if POLICY_LOSSES.get(name).__module__.startswith("verlx.") and name != "bypass_mode")
+
+
+@pytest.mark.parametrize("mode", SHIPPED_LOSSES)
 def test_every_loss_returns_detached_zero_dim_metrics_and_honours_agg_kwargs(mode):
     config = cov_config(loss_mode=mode, dro_beta=0.1)
     old, logp, a, m = inputs([-1.0, -2.0], ratio=[1.0, 1.0], advantages=[1, 1], mask=[1, 1])
