@@ -10,6 +10,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, Union
 
+from verlx.utils.errors import InputError
 from verlx.utils.registry import did_you_mean
 
 T = TypeVar("T")
@@ -17,12 +18,12 @@ logger = logging.getLogger(__name__)
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-class DataError(ValueError):
+class DataError(InputError, ValueError):
     """A problem with an input file or its rows: the message names the file (and row where known) and what to do.
     Entry points report it like a ConfigError: the message alone, exit status 2."""
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError, ValueError):
     """Every problem found in a config, each naming its key."""
 
     def __init__(self, problems: Sequence[str]):
