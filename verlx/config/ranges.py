@@ -89,7 +89,6 @@ PPO_RANGES: dict[str, Range] = {
     "trainer.max_restarts": at_least(0),
     "trainer.save_on_signal_timeout_s": above(0, "null = no limit"),
     "trainer.max_consecutive_nonfinite_updates": at_least(1),
-    "trainer.max_staleness": at_least(0),
     "ray_kwargs.ray_init.num_cpus": at_least(1),
 }
 
