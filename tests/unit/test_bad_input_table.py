@@ -1,0 +1,100 @@
+"""The bad inputs a new user tries (issue 28's families), each through `python -m verlx.trainer.main_ppo` as a user
+runs it: refused before Ray starts, with a verlx message naming the key, file or row, exit status 2, and never a
+Python traceback or Hydra's HYDRA_FULL_ERROR hint. docs/troubleshooting.md has the same table for users."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers.commands import run_module
+from helpers.e2e import e2e_overrides
+
+
+def model_with(tiny_model_dir, tmp_path, change) -> str:
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    change(model)
+    return str(model)
+
+
+def broken_config_json(model):
+    (model / "config.json").write_text('{"model_type": "qwen2",')
+
+
+def truncated_weights(model):
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+
+
+def missing_shard(model):
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+
+
+def rows_without_ground_truth(data_dir, tmp_path) -> str:
+    rows = pq.read_table(f"{data_dir}/train.parquet").to_pylist()
+    rows[5]["reward_model"] = {"style": "rule", "ground_truth": None}
+    path = str(tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+# (case, setup(tiny_model_dir, data_dir, tmp_path) -> overrides, what the message must contain)
+CASES = [
+    ("config.json is not JSON",
+     lambda m, d, t: [f"actor_rollout_ref.model.path={model_with(m, t, broken_config_json)}"],
+     "actor_rollout_ref.model.path: {t}/model/config.json is not valid JSON (Expecting property name"),
+    ("truncated safetensors",
+     lambda m, d, t: [f"actor_rollout_ref.model.path={model_with(m, t, truncated_weights)}"],
+     "actor_rollout_ref.model.path: {t}/model/model.safetensors is truncated: "),
+    ("shard missing", lambda m, d, t: [f"actor_rollout_ref.model.path={model_with(m, t, missing_shard)}"],
+     "model.safetensors.index.json lists 2 weight files, of which 2 are missing from {t}/model"),
+    ("negative reward workers", lambda m, d, t: ["reward.num_workers=-1"],
+     "reward.num_workers=-1 is out of range: it must be >= 0"),
+    ("zero reward timeout", lambda m, d, t: ["reward.num_workers=2", "reward.timeout_s=0"],
+     "reward.timeout_s=0.0 is out of range: it must be > 0"),
+    ("reward file with a syntax error",
+     lambda m, d, t: (t.joinpath("reward.py").write_text("def compute_score(a, b:\n    return 1\n"),
+                      [f"custom_reward_function.path={t}/reward.py"])[1],
+     "importing custom_reward_function.path={t}/reward.py failed: SyntaxError: "),
+    ("negative learning rate", lambda m, d, t: ["actor_rollout_ref.actor.optim.lr=-1e-6"],
+     "actor_rollout_ref.actor.optim.lr=-1e-06 is out of range: it must be >= 0"),
+    ("max_response_length=0", lambda m, d, t: ["data.max_response_length=0"],
+     "data.max_response_length=0 is out of range: it must be >= 1"),
+    ("ppo_epochs=0", lambda m, d, t: ["actor_rollout_ref.actor.ppo_epochs=0"],
+     "actor_rollout_ref.actor.ppo_epochs=0 is out of range: it must be >= 1"),
+    ("a NaN", lambda m, d, t: ["algorithm.gamma=nan"], "algorithm.gamma=nan must be a finite number"),
+    ("rows without ground_truth",
+     lambda m, d, t: [f"data.train_files={rows_without_ground_truth(d, t)}"],
+     "{t}/train.parquet row 5: no reward_model.ground_truth, which the built-in score compares responses with"),
+    ("train_files is a directory", lambda m, d, t: [f"data.train_files={d}"],
+     "data.train_files: '{d}' is a directory; give the parquet file(s) in it (test.parquet, train.parquet), "
+     "e.g. data.train_files={d}/train.parquet"),
+    ("output directories cannot be created",
+     lambda m, d, t: (t.joinpath("file").write_text("x"),
+                      [f"trainer.output_dir={t}/file/out", f"trainer.default_local_dir={t}/file/ckpt"])[1],
+     "trainer.default_local_dir={t}/file/ckpt: cannot create or write to {t}/file/ckpt: {t}/file is a file, not a "
+     "directory"),
+    ("prompts longer than max_prompt_length", lambda m, d, t: ["data.max_prompt_length=4"],
+     "{d}/train.parquet row 0: the prompt is "),
+    ("a typo in a key", lambda m, d, t: ["actor_rollout_ref.actor.optim.lrr=1e-6"],
+     "unknown key 'actor_rollout_ref.actor.optim.lrr'. Did you mean 'lr'?"),
+]
+
+
+@pytest.mark.parametrize("case, setup, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_before_ray_with_a_message(case, setup, expected, tiny_model_dir, arithmetic_data_dir,
+                                                        tmp_path):
+    overrides = setup(tiny_model_dir, arithmetic_data_dir, tmp_path)
+    result = run_module(e2e_overrides(tiny_model_dir, arithmetic_data_dir, tmp_path / "out", *overrides),
+                        cwd=tmp_path, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert expected.format(t=tmp_path, d=arithmetic_data_dir) in result.stderr, result.stderr[-3000:]
+    assert "error: " in result.stderr
+    assert "Traceback" not in output and "HYDRA_FULL_ERROR" not in output
+    assert "Started a local Ray instance" not in output
