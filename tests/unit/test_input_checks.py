@@ -56,7 +56,8 @@ def test_the_defaults_are_in_range():
 
 
 @pytest.mark.parametrize("override, problem", [
-    ("actor_rollout_ref.actor.optim.lr=-1e-3", "actor_rollout_ref.actor.optim.lr=-0.001 is out of range: it must be >= 0"),
+    ("actor_rollout_ref.actor.optim.lr=-1e-3",
+     "actor_rollout_ref.actor.optim.lr=-0.001 is out of range: it must be >= 0"),
     ("data.max_response_length=0", "data.max_response_length=0 is out of range: it must be >= 1 (tokens each "
                                    "response may have)"),
     ("actor_rollout_ref.actor.ppo_epochs=0", "actor_rollout_ref.actor.ppo_epochs=0 is out of range: it must be >= 1 "

@@ -51,7 +51,8 @@ def test_a_lock_whose_process_is_gone_is_taken_over_with_a_message(tmp_path, cap
         with open(lock.path) as f:
             assert json.load(f)["pid"] == os.getpid()
     assert (f"trainer.default_local_dir: taking over the lock of pid {pid} on host {socket.gethostname()}, started "
-            "2026-11-26 08:00:00 +0000 (python -m verlx.trainer.main_ppo a=b), which is no longer running") in caplog.text
+            "2026-11-26 08:00:00 +0000 (python -m verlx.trainer.main_ppo a=b), which is no longer running"
+            ) in caplog.text
 
 
 def test_a_reused_pid_is_not_mistaken_for_the_holder(tmp_path):
