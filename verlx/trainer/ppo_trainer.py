@@ -292,9 +292,8 @@ class RayPPOTrainer:
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.world_size))
             correction = old_log_prob_phase(cfg, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, metrics, timing)
-            actor_cfg = cfg.actor_rollout_ref.actor
             check_finite_log_probs(batch.batch["old_log_probs"], batch.batch["response_mask"], self.global_step,
-                                   actor_cfg.optim.lr)
+                                   cfg.actor_rollout_ref.actor.optim.lr)
             metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
                                              generated.dropped if generated is not None else 0))
             if self.use_reference:
@@ -321,15 +320,7 @@ class RayPPOTrainer:
                     out = self.critic_wg.update_critic(batch.select([*LOG_PROB_INPUTS, "values", "returns"], [], []))
                     metrics.update(out.meta_info["metrics"])
             if self.global_step > cfg.trainer.critic_warmup:
-                with timed("update_actor", timing):
-                    out = self.actor_rollout_wg.update_actor(self._actor_inputs(batch, correction))
-                    metrics.update(out.meta_info["metrics"])
-                    if self.pipeline is not None:  # when the trainer worker ran it: overlap with generation shows
-                        start, end = out.meta_info["wall_clock"]
-                        metrics.update({"timestamp/update_actor_start": start, "timestamp/update_actor_end": end})
-                check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
-                check_weights_after_skipped_updates(metrics, self.actor_rollout_wg, batch, LOG_PROB_INPUTS,
-                                                    self.world_size, self.global_step, actor_cfg.optim.lr)
+                self._update_actor(batch, correction, metrics, timing)
             self.policy_version = self.global_step
             if self.pipeline is not None:
                 self.pipeline.pump()  # the new weights can go to the rollout group now
@@ -344,6 +335,19 @@ class RayPPOTrainer:
         metrics.update(step_memory_peak(metrics))
         self.train_loader.after_step(batch)  # a curriculum sampler (data.sampler) learns from the step's batch
         return metrics
+
+    def _update_actor(self, batch: DataProto, correction, metrics: dict, timing: dict) -> None:
+        """The actor update, then the checks of what it did (trainer/invariants.py)."""
+        cfg = self.config
+        with timed("update_actor", timing):
+            out = self.actor_rollout_wg.update_actor(self._actor_inputs(batch, correction))
+            metrics.update(out.meta_info["metrics"])
+            if self.pipeline is not None:  # when the trainer worker ran it: overlap with generation shows
+                start, end = out.meta_info["wall_clock"]
+                metrics.update({"timestamp/update_actor_start": start, "timestamp/update_actor_end": end})
+        check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
+        check_weights_after_skipped_updates(metrics, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, self.world_size,
+                                            self.global_step, cfg.actor_rollout_ref.actor.optim.lr)
 
     def _expand(self, batch: DataProto) -> DataProto:
         """uid per prompt, n samples each (interleaved)."""
