@@ -68,6 +68,12 @@ def run_mode(mode: str, args, model_dir: str, data_dir: str, work: str) -> dict:
             "staleness_max": max((r.get("async/staleness/max", 0.0) for r in rows), default=None)}
 
 
+def write_summary(args, results: dict) -> None:
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "async_step.json"), "w") as f:
+            json.dump({"args": vars(args), "modes": results}, f, indent=1)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shape, 2 steps, sync and one_step_off")
@@ -92,16 +98,16 @@ def main() -> int:
     build_model(model_dir, args.shape)
     subprocess.run([sys.executable, os.path.join(ROOT, "examples/data_preprocess/arithmetic.py"),
                     "--local_save_dir", data_dir, "--test_size", "16"], check=True)
-    results = {mode: run_mode(mode, args, model_dir, data_dir, work) for mode in args.modes}
+    args.extra = [f"trainer.compile_cache_dir={work}/compile_cache", *args.extra]  # the later modes reuse it
+    results = {}
+    for mode in args.modes:  # written after each mode: a call cut short keeps the modes that finished
+        results[mode] = run_mode(mode, args, model_dir, data_dir, work)
+        write_summary(args, results)
     print(f"\n| mode | wall s | {' | '.join(k.split('/', 1)[1] for k in SHOWN)} | max staleness |")
     print("|---" * (len(SHOWN) + 3) + "|")
     for mode, result in results.items():
         cells = [f"{result['steady_mean'].get(k, float('nan')):.3g}" for k in SHOWN]
         print(f"| {mode} | {result['wall_s']:.1f} | " + " | ".join(cells) + f" | {result['staleness_max']} |")
-    summary = {"args": vars(args), "modes": results}
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "async_step.json"), "w") as f:
-            json.dump(summary, f, indent=1)
     return max(result["rc"] for result in results.values())
 
 

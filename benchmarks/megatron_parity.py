@@ -1,17 +1,32 @@
-"""Megatron backend parity on 2 GPUs: `torchrun --nproc_per_node=2 benchmarks/megatron_parity.py`.
+"""Megatron TP=2 and PP=2 against the FSDP actor on one checkpoint and batch: log-probs, one update, export.
 
-Builds a random Qwen2-shaped HF checkpoint (hidden 1024, 8 layers), then checks on the same weights:
-  1. TP=2 megatron log-probs == the FSDP actor's model (PolicyModel, bf16) log-probs
-  2. PP=2 likewise
-  3. one GRPO-style update at PP=2 and at TP=2 (loss finite, every weight of this rank changes)
-  4. dist-checkpoint → export_megatron_checkpoint → from_pretrained gives the megatron log-probs
-Prints timings and a table; writes $OUT/megatron_parity.json when OUT is set.
+    torchrun --nproc_per_node=2 benchmarks/megatron_parity.py                # 2 GPUs, nccl, Qwen2-0.5B shape, bf16
+    torchrun --nproc_per_node=2 benchmarks/megatron_parity.py --device cpu   # 2 gloo processes, tiny shape, fp32
+
+The checkpoint and the batch are parity_2gpu.py's (random Qwen2 weights with tied embeddings; variable-length
+left-padded prompts and right-padded responses; old log-probs near the model's own, so some ratios clip).
+  fsdp     the trainer's FSDP actor on one rank (each rank its own 1-rank mesh, parity_2gpu's "1gpu" run):
+           log-probs, one update with the whole batch as one mini-batch (pg_loss, grad_norm), log-probs after.
+  tp2/pp2  the megatron engine as the worker builds it (MegatronEngine.place + build: megatron DDP, on the GPU the
+           distributed optimizer, the lr schedule) with TP=2 or PP=2 over both ranks: the same numbers.
+  export   the TP=2 actor after its update: dist-checkpoint save, export_megatron_checkpoint (what
+           `python -m verlx.model_merger merge --backend megatron` runs), the exported directory loaded by the FSDP
+           actor: its log-probs equal megatron's.
+Tolerances are the FSDP parity table's (docs/benchmarks.md, parity_2gpu.TOLERANCE): bf16 |Δloss| ≤ 1e-2, mean
+|Δ log-prob| ≤ 1e-2, max ≤ 0.15, grad-norm relative ≤ 2e-2; fp32 on the CPU 1e-5. `update_shift` (mean |Δ| of the
+FSDP log-probs over its update) shows how far the update moved them, for the after-update parity to mean something.
+On the CPU megatron-core runs through the test suite's CUDA-as-CPU shim (tests/helpers/megatron_cpu.py), without
+gradient clipping and the distributed optimizer (both CUDA-only there). Prints each check as it completes and a
+table; writes $OUT/megatron_parity.json when OUT is set; exits 1 when a check fails.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -19,177 +34,208 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
-from verlx.config.engine import MegatronConfig  # noqa: E402
-from verlx.config.roles import ActorConfig  # noqa: E402
-from verlx.protocol import DataProto  # noqa: E402
+import parity_2gpu as fsdp_parity  # noqa: E402
 
-B, PROMPT, RESP = 8, 64, 64
-TOL = 0.08  # bf16: mean |Δ log-prob| bound
-
-
-def make_checkpoint(path: str) -> None:
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM  # noqa: F401
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False,
-                      torch_dtype="bfloat16")
-    cfg.architectures = ["Qwen2ForCausalLM"]
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(path, safe_serialization=True)
+LAYOUTS = {"pp2": (1, 2), "tp2": (2, 1)}  # tp2 last: its updated weights are exported
+LR = 1e-4  # one Adam step moves every weight by ~lr: about one bf16 step of a 0.02-sized weight
 
 
-def make_batch(vocab: int) -> DataProto:
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, vocab, (B, PROMPT + RESP), generator=g)
-    mask = torch.ones(B, PROMPT + RESP, dtype=torch.long)
-    pads = torch.arange(B) * 5  # left padding per row
-    resp_len = RESP - torch.arange(B) * 3  # right padding per row
-    cols = torch.arange(PROMPT + RESP)
-    mask[cols.unsqueeze(0) < pads.unsqueeze(1)] = 0
-    mask[cols.unsqueeze(0) >= PROMPT + resp_len.unsqueeze(1)] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto({"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, PROMPT:],
-                      "response_mask": mask[:, PROMPT:]}, meta_info={"temperature": 1.0})
+def role_config(kind: str, megatron: tuple[int, int] | None = None):
+    """The actor config of every run: token-budget micro-batches, no weight decay (megatron exempts norms and
+    biases, torch's AdamW does not), gradient clipping at 1 on the GPU and none on the CPU."""
+    from verlx.config.engine import MegatronConfig
+
+    cfg = fsdp_parity.actor_config(kind)
+    cfg.optim.lr, cfg.optim.weight_decay = LR, 0.0
+    cfg.grad_clip = 1.0 if kind == "gpu" else (0.0 if megatron else 1e9)
+    if megatron:
+        tp, pp = megatron
+        cfg.strategy = "megatron"
+        cfg.megatron = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                      dtype="bfloat16" if kind == "gpu" else "float32",
+                                      use_transformer_engine="false", use_distributed_optimizer=kind == "gpu")
+    return cfg
 
 
-def reference_log_probs(path: str, batch: DataProto) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
+@contextlib.contextmanager
+def megatron_device(kind: str):
+    if kind == "gpu":
+        yield
+        return
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    import pytest
 
-    from verlx.models.policy import PolicyModel
+    from helpers.megatron_cpu import cuda_as_cpu
 
-    model = PolicyModel(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
-                                                             attn_implementation="sdpa")).cuda().eval()
-    with torch.no_grad():
-        lp, _ = model(**{k: batch.batch[k].cuda() for k in ("input_ids", "attention_mask", "position_ids")},
-                      response_length=RESP)
-    del model
-    return lp.float().cpu()
+    with pytest.MonkeyPatch.context() as monkeypatch, cuda_as_cpu(monkeypatch):
+        yield
 
 
-def megatron_actor(path: str, tp: int, pp: int, train: bool):
+def build_megatron_actor(path: str, kind: str, layout: tuple[int, int], device: torch.device):
     from megatron.core import parallel_state as mpu
-    from transformers import AutoConfig
 
+    from verlx.config.engine import ModelConfig
+    from verlx.models.hf_config import load_hf_config
     from verlx.workers.actor import PPOActor
-    from verlx.workers.megatron.architectures import model_dims
+    from verlx.workers.engine import ModelSpec
     from verlx.workers.megatron.engine import MegatronEngine
-    from verlx.workers.megatron.runner import MegatronRunner
-    from verlx.workers.megatron.setup import build_role_chunks, init_model_parallel, layout_for, wrap_for_training
 
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()
-    dims = model_dims(AutoConfig.from_pretrained(path))
-    mcfg = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    layout = layout_for(mcfg, dist.get_world_size(), dims)
-    init_model_parallel(layout, 42)
-    chunks, config = build_role_chunks(dims, layout, mcfg, path, recompute=False, value_head=False)
-    actor_cfg = ActorConfig(ppo_mini_batch_size=B, ppo_micro_batch_size_per_gpu=4)
-    actor_cfg.optim.lr = 1e-4
-    optimizer = None
-    runnable = chunks
-    if train:
-        runnable, optimizer = wrap_for_training(chunks, config, mcfg, actor_cfg.optim, actor_cfg.grad_clip)
-    runner = MegatronRunner(runnable, torch.device("cuda", torch.cuda.current_device()), optimizer)
-    return PPOActor(actor_cfg, MegatronEngine(runner, dims, layout, chunks)), chunks, runnable, optimizer, layout, dims
+    cfg = role_config(kind, layout)
+    hf_config = load_hf_config(path, False, {})
+    placement = MegatronEngine.place({"actor_rollout_ref.actor": cfg}, hf_config, dist.get_world_size())
+    spec = ModelSpec("actor", path, ModelConfig(path=path, enable_gradient_checkpointing=False), cfg, hf_config,
+                     device)
+    return PPOActor(cfg, MegatronEngine.build(spec, placement)), hf_config
 
 
-def gathered_log_probs(actor, batch: DataProto) -> torch.Tensor:
-    """The last pipeline stage's result, broadcast so rank 0 can compare (ranks are tp-fastest: last = world-1)."""
-    from megatron.core import parallel_state as mpu
-
-    lp, _ = actor.compute_log_prob(batch, 4, False, 0)
-    lp = lp.float().cuda().contiguous()
-    dist.broadcast(lp, src=dist.get_world_size() - 1 if mpu.get_pipeline_model_parallel_world_size() > 1 else 0)
-    return lp.cpu()
+def last_rank_rows(log_probs: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The last pipeline stage's rows on every rank (ranks are tp-fastest: the last stage holds the last rank)."""
+    log_probs = log_probs.float().to(device).contiguous()
+    dist.broadcast(log_probs, src=dist.get_world_size() - 1)
+    return log_probs.cpu()
 
 
-def report(out: dict, rank: int, name: str, result: dict) -> None:
-    """Record a check and print it at once (rank 0), so a later failure does not hide the earlier results."""
-    out["checks"][name] = result
+def last_rank_metrics(metrics: dict) -> dict:
+    holder = [metrics]  # metrics live on the last pipeline stage
+    dist.broadcast_object_list(holder, src=dist.get_world_size() - 1)
+    return holder[0]
+
+
+def score(actor, data, kind: str, device: torch.device) -> dict:
+    """Log-probs, one update of the whole batch as one mini-batch, log-probs after it."""
+    budget = fsdp_parity.BATCH[kind]["max_tokens"]
+    start = time.perf_counter()
+    before = last_rank_rows(actor.compute_log_prob(data, None, True, budget)[0], device)
+    metrics = last_rank_metrics(actor.update_policy(data, len(data), None))
+    after = last_rank_rows(actor.compute_log_prob(data, None, True, budget)[0], device)
+    return {"before": before, "log_probs": after, "pg_loss": metrics["actor/pg_loss"],
+            "grad_norm": metrics["actor/grad_norm"], "seconds": time.perf_counter() - start}
+
+
+def logprob_gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, tol: dict) -> dict:
+    diff = (a - b).abs()[mask]
+    out = {"logprob_mean_abs": float(diff.mean()), "logprob_max_abs": float(diff.max())}
+    out["ok"] = all(out[k] <= tol[k] for k in out)
+    return out
+
+
+def report(checks: dict, name: str, result: dict, rank: int) -> None:
+    """Record a check and print it at once, so a later failure does not hide the earlier results."""
+    checks[name] = result
     if rank == 0:
         print("CHECK " + name + " " + json.dumps(result), flush=True)
 
 
-def main() -> None:
-    dist.init_process_group("nccl")
+def fsdp_reference(path: str, data, kind: str, device: torch.device, rank: int):
+    """The FSDP actor on this rank alone; old log-probs (rank 0's plus fixed noise) written into `data`."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    own_groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # collective: every rank makes all
+    mesh = DeviceMesh.from_group(own_groups[rank], device.type)
+    actor = fsdp_parity.build_actor(path, kind, device, mesh=mesh, cfg=role_config(kind))
+    budget = fsdp_parity.BATCH[kind]["max_tokens"]
+    log_probs = actor.compute_log_prob(data, None, True, budget)[0].float().cpu()
+    mask = data.batch["response_mask"].bool()
+    noise = torch.randn(log_probs.shape, generator=torch.Generator().manual_seed(2)) * 0.1
+    old = ((log_probs + noise) * mask).to(device)
+    dist.broadcast(old, src=0)
+    data.batch["old_log_probs"] = old.cpu()
+    return actor, mesh
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = p.parse_args()
+    if "RANK" not in os.environ:
+        raise SystemExit("launch with torchrun --nproc_per_node=2 (see the docstring)")
+    from verlx.utils.distributed import init_distributed
+
+    kind = "gpu" if args.device == "cuda" else "cpu"
+    if kind == "gpu":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    init_distributed()
     rank = dist.get_rank()
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    out: dict = {"checks": {}, "timings_s": {}}
-    root = tempfile.mkdtemp(prefix="megatron_parity_") if rank == 0 else None
-    holder = [root]
+    if dist.get_world_size() != 2:
+        raise SystemExit(f"needs exactly 2 ranks, got {dist.get_world_size()}")
+    holder = [tempfile.mkdtemp(prefix="verlx-megatron-parity-") if rank == 0 else None]
     dist.broadcast_object_list(holder, src=0)
     root = holder[0]
     path = os.path.join(root, "hf")
     if rank == 0:
-        make_checkpoint(path)
+        fsdp_parity.write_checkpoint(path, kind)
     dist.barrier()
-    batch = make_batch(32000)
-    mask = batch.batch["response_mask"].bool()
-    t = time.perf_counter()
-    ref = reference_log_probs(path, batch)
-    out["timings_s"]["fsdp_model_logprob"] = time.perf_counter() - t
+    tol = fsdp_parity.TOLERANCE[kind]
+    data = fsdp_parity.make_batch(kind)
+    mask = data.batch["response_mask"].bool()
+    checks: dict = {}
 
-    for name, tp, pp in (("tp2", 2, 1), ("pp2", 1, 2)):
-        actor, *_ = megatron_actor(path, tp, pp, train=False)
-        t = time.perf_counter()
-        lp = gathered_log_probs(actor, batch)
-        out["timings_s"][f"{name}_logprob"] = time.perf_counter() - t
-        diff = (lp - ref).abs()[mask]
-        mean_diff = float(diff.mean())
-        report(out, rank, f"{name}_logprob_parity", {"mean_abs_diff": mean_diff, "max_abs_diff": float(diff.max()),
-                                                      "ok": mean_diff < TOL})
-
-    advantages = torch.randn(B, RESP, generator=torch.Generator().manual_seed(2))
-    data = batch.union(DataProto({"old_log_probs": ref, "advantages": advantages}))
-    for name, tp, pp in (("pp2", 1, 2), ("tp2", 2, 1)):  # tp2 last: its trained weights are checkpointed below
-        actor, chunks, wrapped, optimizer, layout, dims = megatron_actor(path, tp, pp, train=True)
-        before = {n: p.detach().clone() for n, p in chunks[0].named_parameters()}
-        t = time.perf_counter()
-        metrics = actor.update_policy(data, B, 4)
-        out["timings_s"][f"{name}_update"] = time.perf_counter() - t
-        holder = [metrics]  # metrics live on the last pipeline stage (the last rank in both layouts)
-        dist.broadcast_object_list(holder, src=dist.get_world_size() - 1)
-        metrics = holder[0]
-        changed = sum(not torch.equal(before[n], p.detach()) for n, p in chunks[0].named_parameters())
-        loss = metrics.get("actor/pg_loss", float("nan"))
-        ok = bool(torch.isfinite(torch.tensor(loss))) and changed == len(before)
-        report(out, rank, f"{name}_grpo_update", {"pg_loss": loss, "grad_norm": metrics.get("actor/grad_norm"),
-                                                  "params_changed": changed, "params": len(before), "ok": ok,
-                                                  "seconds": out["timings_s"][f"{name}_update"]})
-
-    from transformers import AutoConfig
+    actor, mesh = fsdp_reference(path, data, kind, device, rank)
+    runs = {"fsdp": score(actor, data, kind, device)}
+    del actor
+    shift = float((runs["fsdp"]["log_probs"] - runs["fsdp"]["before"]).abs()[mask].mean())
+    for name, layout in LAYOUTS.items():
+        with megatron_device(kind):
+            actor, hf_config = build_megatron_actor(path, kind, layout, device)
+            runs[name] = score(actor, data, kind, device)
+        report(checks, f"{name}_logprob", logprob_gap(runs[name]["before"], runs["fsdp"]["before"], mask, tol), rank)
+        update = fsdp_parity.compare(runs["fsdp"], runs[name], mask, tol)
+        report(checks, f"{name}_update", {**update, "pg_loss": runs[name]["pg_loss"],
+                                          "grad_norm": runs[name]["grad_norm"], "update_shift": shift}, rank)
 
     from verlx.workers.megatron.checkpoint import MegatronCheckpointManager, export_megatron_checkpoint
 
-    after = gathered_log_probs(actor, batch)
-    ckpt = os.path.join(root, "ckpt", "actor")
-    t = time.perf_counter()
-    MegatronCheckpointManager(wrapped, optimizer, None, None, AutoConfig.from_pretrained(path)).save(ckpt)
-    out["timings_s"]["dist_checkpoint_save"] = time.perf_counter() - t
+    ckpt, exported = os.path.join(root, "ckpt", "actor"), os.path.join(root, "exported")
+    engine = actor.engine
+    with megatron_device(kind):
+        MegatronCheckpointManager(engine.runner.chunks, engine.runner.optimizer, engine.lr_scheduler, None,
+                                  hf_config).save(ckpt)
     if rank == 0:
-        t = time.perf_counter()
-        export_megatron_checkpoint(ckpt, os.path.join(root, "exported"))
-        out["timings_s"]["export_to_hf"] = time.perf_counter() - t
-        exported = reference_log_probs(os.path.join(root, "exported"), batch)
-        diff = (exported - after).abs()[mask]
-        report(out, rank, "export_parity", {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()),
-                                            "ok": float(diff.mean()) < TOL})
-        print(f"{'check':<22} {'ok':<5} details")
-        for name, res in out["checks"].items():
-            details = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()
-                                if k != "ok")
-            print(f"{name:<22} {str(res['ok']):<5} {details}")
-        for name, sec in out["timings_s"].items():
-            print(f"timing {name:<24} {sec:8.3f} s")
-        if os.environ.get("OUT"):
-            with open(os.path.join(os.environ["OUT"], "megatron_parity.json"), "w") as f:
-                json.dump(out, f, indent=1)
+        export_megatron_checkpoint(ckpt, exported)
+    dist.barrier()
+    reloaded = fsdp_parity.build_actor(exported, kind, device, mesh=mesh, cfg=role_config(kind))
+    lp = reloaded.compute_log_prob(data, None, True, fsdp_parity.BATCH[kind]["max_tokens"])[0].float().cpu()
+    report(checks, "export_reload", logprob_gap(lp, runs["tp2"]["log_probs"], mask, tol), rank)
+
+    ok = all(c["ok"] for c in checks.values())
+    if rank == 0:
+        summarize(runs, checks, tol, kind, shift, ok)
+        shutil.rmtree(root, ignore_errors=True)
     dist.barrier()
     dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+def summarize(runs: dict, checks: dict, tol: dict, kind: str, shift: float, ok: bool) -> None:
+    device_name = torch.cuda.get_device_name() if kind == "gpu" else "cpu"
+    print(f"\n2 × {device_name}, {kind} shape; tolerances: " + ", ".join(f"{k} ≤ {v:g}" for k, v in tol.items()))
+    print(f"the FSDP update moved the log-probs by {shift:.3g} (mean |Δ|)")
+    print("| check | ok | details |\n|---|---|---|")
+    for name, res in checks.items():
+        details = ", ".join(f"{k}={v:.3g}" for k, v in res.items() if k != "ok")
+        print(f"| {name} | {res['ok']} | {details} |")
+    print("| run | pg_loss | grad_norm | seconds |\n|---|---|---|---|")
+    for name, r in runs.items():
+        print(f"| {name} | {r['pg_loss']:.6g} | {r['grad_norm']:.6g} | {r['seconds']:.1f} |")
+    if os.environ.get("OUT"):
+        import megatron.core
+
+        summary = {name: {k: v for k, v in r.items() if k not in ("log_probs", "before")} for name, r in runs.items()}
+        with open(os.path.join(os.environ["OUT"], "megatron_parity.json"), "w") as f:
+            json.dump({"device": device_name, "shape": fsdp_parity.SHAPES[kind], "tolerance": tol, "runs": summary,
+                       "checks": checks, "update_shift": shift, "ok": ok, "torch": torch.__version__,
+                       "megatron_core": megatron.core.__version__}, f, indent=1)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -91,8 +91,10 @@ def actor_config(kind: str):
     return cfg
 
 
-def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=None, dp_size: int | None = None):
-    """The trainer's actor set-up: load_policy (packed), apply_fsdp2, build_optimizer, PPOActor."""
+def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=None, dp_size: int | None = None,
+                cfg=None):
+    """The trainer's actor set-up: load_policy (packed), apply_fsdp2, build_optimizer, PPOActor; `cfg` an
+    ActorConfig (default: actor_config(kind))."""
     from verlx.config.engine import ModelConfig
     from verlx.workers.actor import PPOActor
     from verlx.workers.fsdp.engine import FSDPEngine
@@ -106,7 +108,7 @@ def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=
     module = load_policy(path, model_cfg, torch.float32, sp_group=sp_group)
     apply_fsdp2(module, device, torch.bfloat16, mesh=mesh,
                 grad_divide_factor=dp_size if sp_group is not None else None)
-    cfg = actor_config(kind)
+    cfg = cfg or actor_config(kind)
     optimizer = build_optimizer(module.parameters(), cfg.optim)
     engine = FSDPEngine("actor", module, optimizer, device, grad_clip=cfg.grad_clip)
     return PPOActor(cfg, engine)

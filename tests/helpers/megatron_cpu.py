@@ -2,14 +2,17 @@
 
 megatron-core computes on whatever device the model is on, but allocates a few bookkeeping tensors on CUDA by name
 (`device="cuda"`, `torch.cuda.current_device()`: the schedule's token counter, the optimizer's loss scale, DDP's
-gradient buffers). `cuda_as_cpu()` sends those to the CPU; everything else runs unchanged. Two things still need a
-GPU and are avoided by the configs the tests use: gradient clipping (megatron asserts CUDA gradients; grad_clip=0)
-and the distributed optimizer (use_distributed_optimizer=false).
+gradient buffers) or moves them with `.cuda()` (the pipeline's tied embedding copy before its all-reduce).
+The MoE all-to-all dispatcher copies its split sizes on a CUDA side stream (here the one CPU stream).
+Sequence parallelism forks megatron's CUDA RNG stream around dropout; with dropout 0 nothing is drawn from it, so
+the fork is a no-op here. `cuda_as_cpu()` keeps all of that on the CPU; everything else runs unchanged. Two things
+still need a GPU and are avoided by the configs the tests use: gradient clipping (megatron asserts CUDA gradients;
+grad_clip=0) and the distributed optimizer (use_distributed_optimizer=false: it checks for torch.cuda tensor types).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -24,15 +27,66 @@ def require_megatron_core() -> None:
 class _CudaAsCpu(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
             kwargs = {**kwargs, "device": "cpu"}
         return func(*args, **kwargs)
 
 
+def _as_host_array(tensor, as_numpy: bool = False, record_stream: bool = False):
+    return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+
+class _NoStream:
+    """A CUDA stream on the CPU: work is already ordered, so waiting and events are no-ops."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _NoRNGStreams:
+    """megatron's CUDA RNG tracker for models without dropout: forking a stream changes nothing."""
+
+    def fork(self, name: str | None = None):
+        return nullcontext()
+
+
 @contextmanager
 def cuda_as_cpu(monkeypatch):
     """Tensors megatron-core creates on "cuda" are created on the CPU inside the block."""
+    from megatron.core import tensor_parallel
+
+    monkeypatch.setattr(tensor_parallel, "get_cuda_rng_tracker", _NoRNGStreams)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # the pipeline's p2p shape exchange
+    from megatron.core.transformer.moe import token_dispatcher
+
+    # the MoE all-to-all dispatcher turns CUDA split sizes into numpy arrays (CPU tensors it leaves as they are,
+    # which all_to_all refuses), on a side stream
+    monkeypatch.setattr(token_dispatcher, "maybe_move_tensor_to_cpu", _as_host_array)
+    current = _NoStream()
+    monkeypatch.setattr(torch.cuda, "Stream", _NoStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: nullcontext())
     with _CudaAsCpu():
         yield
+
+
+@pytest.fixture
+def megatron_on_cpu(one_rank, monkeypatch):
+    """This process as a one-rank megatron world on the CPU; megatron's parallel state is torn down after."""
+    require_megatron_core()
+    from megatron.core import parallel_state as mpu
+
+    with cuda_as_cpu(monkeypatch):
+        yield
+    if mpu.model_parallel_is_initialized():
+        mpu.destroy_model_parallel()

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from helpers.e2e import make_config
-from helpers.megatron_cpu import cuda_as_cpu, require_megatron_core
 from helpers.ppo_batches import ragged_ppo_batch
 from verlx.algorithms.advantages import ADV_ESTIMATORS
 from verlx.protocol import DataProto
@@ -54,17 +53,6 @@ def _actor_config(tiny_model_dir, tmp_path, strategy: str):
                       "actor_rollout_ref.ref.strategy=megatron", "actor_rollout_ref.actor.grad_clip=0.0")
     cfg.actor_rollout_ref.actor.megatron = cfg.actor_rollout_ref.ref.megatron = _megatron_cpu()
     return cfg
-
-
-@pytest.fixture
-def megatron_on_cpu(one_rank, monkeypatch):
-    require_megatron_core()
-    from megatron.core import parallel_state as mpu
-
-    with cuda_as_cpu(monkeypatch):
-        yield
-    if mpu.model_parallel_is_initialized():
-        mpu.destroy_model_parallel()
 
 
 def _rewards(data: DataProto) -> torch.Tensor:

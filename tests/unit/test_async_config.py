@@ -50,7 +50,7 @@ def test_modes_that_are_accepted():
      "need 2 CPUs (ray_kwargs.ray_init.num_cpus) side by side but this machine has 1: their placements would "
      "overlap"),
     (["trainer.rollout_mode=one_step_off", "trainer.nnodes=2", "trainer.n_gpus_per_node=1"],
-     "a local Ray (ray_kwargs.ray_init.address null) has one node"),
+     "a private Ray instance (neither ray_kwargs.ray_init.address nor RAY_ADDRESS set) has one node"),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"],
      "algorithm.rollout_correction.rollout_is_threshold=0.0 must be a positive number"),
     (["trainer.rollout_mode=async", "trainer.max_staleness=1", "trainer.partial_rollout=true",

@@ -109,3 +109,123 @@ def test_exact_kl_needs_fsdp(tmp_path):
         "low_var_kl, kl, mse or abs"]
     sampled = _config(tmp_path, "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.kl_penalty=full")
     assert megatron_problems(sampled, 8, True) == []  # kl_penalty only matters with use_kl_in_reward
+
+
+M = "actor_rollout_ref.actor.megatron"
+OPT = "actor_rollout_ref.actor.optim"
+
+
+def _refused(tmp_path, monkeypatch, *overrides, te: bool = False, **model) -> str:
+    """Every problem validation (the pre-Ray checks main_ppo runs) reports, with transformer-engine present or not."""
+    import verlx.workers.megatron.config_checks as checks
+    from verlx.config.loader import ConfigError
+    from verlx.trainer.preflight import validate
+
+    monkeypatch.setattr(checks, "transformer_engine_available", lambda: te)
+    with pytest.raises(ConfigError) as info:
+        validate(_config(tmp_path, *overrides, **model), world_size=8, check_files=False)
+    return str(info.value)
+
+
+@pytest.mark.skipif(not megatron_core_available(), reason="the override fields are megatron-core's dataclasses'")
+def test_keys_that_need_transformer_engine_are_refused_before_ray(tmp_path, monkeypatch):
+    text = _refused(tmp_path, monkeypatch, f"{M}.use_transformer_engine=true",
+                    f"+{M}.override_transformer_config.moe_grouped_gemm=true",
+                    f"+{M}.override_transformer_config.gradient_accumulation_fusion=true",
+                    f"+{OPT}.override_optimizer_config.use_precision_aware_optimizer=true")
+    assert f"{M}.use_transformer_engine=true but transformer-engine is not installed" in text
+    assert (f"{M}.override_transformer_config.moe_grouped_gemm=True needs transformer-engine (grouped expert GEMMs), "
+            "which is not installed") in text
+    assert f"{M}.override_transformer_config.gradient_accumulation_fusion=True needs transformer-engine" in text
+    assert f"{OPT}.override_optimizer_config.use_precision_aware_optimizer=true needs transformer-engine's" in text
+    # with transformer-engine installed the same keys pass these checks
+    ok = _config(tmp_path, f"+{M}.override_transformer_config.moe_grouped_gemm=true")
+    import verlx.workers.megatron.config_checks as checks
+
+    monkeypatch.setattr(checks, "transformer_engine_available", lambda: True)
+    assert megatron_problems(ok, 8, True) == []
+
+
+@pytest.mark.skipif(not megatron_core_available(), reason="the override fields are megatron-core's dataclasses'")
+def test_override_keys_verlx_sets_splits_it_cannot_make_and_typos(tmp_path, monkeypatch):
+    text = _refused(tmp_path, monkeypatch, f"+{M}.override_transformer_config.num_layers=4",
+                    f"+{M}.override_transformer_config.num_layers_in_first_pipeline_stage=2",
+                    f"+{M}.override_transformer_config.recompute_granularty=full",
+                    f"+{M}.override_ddp_config.use_distributed_optimizer=false",
+                    f"+{OPT}.override_optimizer_config.adam_epss=1e-6", f"{M}.context_parallel_size=2")
+    assert f"{M}.override_transformer_config.num_layers: verlx sets it from the model's HF config" in text
+    assert "num_layers_in_first_pipeline_stage=2: verlx splits the layers evenly over pipeline stages" in text
+    assert ("recompute_granularty is not a megatron TransformerConfig field. Did you mean "
+            "'recompute_granularity'") in text
+    assert f"{M}.override_ddp_config.use_distributed_optimizer: set {M}.use_distributed_optimizer instead" in text
+    assert "adam_epss is not a megatron OptimizerConfig field. Did you mean 'adam_eps'" in text
+    assert f"{M}.context_parallel_size=2: verlx's megatron backend does not split sequences" in text
+
+
+def test_lr_schedule_keys_are_checked_and_fsdp_refuses_them(tmp_path, monkeypatch):
+    text = _refused(tmp_path, monkeypatch, f"{OPT}.lr_decay_style=WSD", f"{OPT}.min_lr=1.0",
+                    f"{OPT}.lr_scheduler_type=cosine", f"{M}.use_dist_checkpointing=true")
+    assert f"{OPT}.lr_decay_style=WSD needs {OPT}.lr_wsd_decay_steps" in text
+    assert f"{OPT}.min_lr=1.0 must lie between 0 and {OPT}.lr=1e-06" in text
+    assert f"{OPT}.lr_scheduler_type=cosine and {OPT}.lr_decay_style=WSD both set a schedule" in text
+    assert f"{M}.use_dist_checkpointing=true needs {M}.dist_checkpointing_path" in text
+    from verlx.config.loader import ConfigError
+    from verlx.trainer.preflight import validate
+
+    fsdp = build(PPOConfig, to_container(load_yaml("ppo_trainer", [*BASE, f"+{OPT}.lr_decay_style=cosine"])))
+    with pytest.raises(ConfigError, match=f"{OPT}.lr_decay_style='cosine' is a megatron optimizer key .* but the "
+                       "role's strategy is fsdp"):
+        validate(fsdp, world_size=8, check_files=False)
+
+
+def test_veRL_bridge_switches_and_expert_sizes_on_a_dense_model(tmp_path):
+    cfg = _config(tmp_path, f"{M}.use_mbridge=false", f"{M}.vanilla_mbridge=true",
+                  f"{M}.expert_model_parallel_size=2", f"{M}.expert_tensor_parallel_size=1")
+    from verlx.workers.megatron.config_checks import megatron_findings
+
+    found = megatron_findings(cfg, 8, True)
+    assert found.problems == []
+    assert found.warnings == [f"{M}.expert_model_parallel_size=2 / expert_tensor_parallel_size=1: the model has no "
+                              "experts, so they have no effect"]  # GRPO without a KL loss: no reference
+
+
+def test_tensor_parallel_groups_must_not_straddle_nodes(tmp_path):
+    """8 GPUs as 4 nodes × 2: megatron TP=4 divides the world but not a node; so does the rollout's TP=4."""
+    from verlx.config.loader import ConfigError
+    from verlx.trainer.preflight import validate
+
+    cfg = _config(tmp_path, "trainer.nnodes=4", "trainer.n_gpus_per_node=2", f"{M}.tensor_model_parallel_size=4",
+                  "actor_rollout_ref.rollout.tensor_model_parallel_size=4", heads=8, kv=4)
+    assert f"{M}.tensor_model_parallel_size=4 does not divide trainer.n_gpus_per_node=2: tensor-parallel groups " \
+           "would straddle nodes" in "\n".join(megatron_problems(cfg, 8, True))
+    # the rollout engines' TP groups, checked before Ray now (the workers' engine layout refused them after it)
+    with pytest.raises(ConfigError, match="rollout.tensor_model_parallel_size=4 does not divide "
+                       "trainer.n_gpus_per_node=6, so some tensor-parallel groups would straddle two nodes"):
+        validate(_config(tmp_path, "trainer.nnodes=2", "trainer.n_gpus_per_node=6", "data.train_batch_size=12",
+                         "actor_rollout_ref.rollout.tensor_model_parallel_size=4"), world_size=12, check_files=False)
+    ok = _config(tmp_path, "trainer.nnodes=4", "trainer.n_gpus_per_node=2", f"{M}.tensor_model_parallel_size=2")
+    assert megatron_problems(ok, 8, True) == []
+
+
+def test_expert_sizes_are_checked_against_a_mixture_of_experts_model(tmp_path, monkeypatch):
+    import verlx.workers.megatron.config_checks as checks
+
+    model = tmp_path / "moe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "num_attention_heads": 8, "num_key_value_heads": 4,
+        "num_hidden_layers": 8, "num_experts": 6, "moe_intermediate_size": 30}))
+    cfg = build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer", [
+        *BASE, f"actor_rollout_ref.model.path={model}", f"{M}.expert_model_parallel_size=4",
+        f"{M}.expert_tensor_parallel_size=4"])))
+    monkeypatch.setattr(checks, "transformer_engine_available", lambda: True)
+    text = "\n".join(megatron_problems(cfg, 8, True))
+    assert f"{M}.expert_model_parallel_size=4 does not divide the model's 6 experts" in text
+    assert "expert_tensor_parallel_size × expert_model_parallel_size × pipeline_model_parallel_size = 4×4×1 = 16 " \
+           "does not divide the world size 8" in text
+    assert f"{M}.expert_tensor_parallel_size=4 does not divide the model's moe_intermediate_size=30" in text
+    assert f"{M}: the model is a mixture of experts, which verlx converts for megatron's local layers only" in text
+    ok = build(PPOConfig, to_container(load_yaml("ppo_megatron_trainer", [
+        *BASE, f"actor_rollout_ref.model.path={model}", f"{M}.expert_model_parallel_size=2",
+        f"{M}.use_transformer_engine=false"])))
+    assert megatron_problems(ok, 8, True) == []

@@ -72,16 +72,16 @@ def test_round_trip_is_bitwise_exact(kind, tie, tp, pp, vpp):
     dims = model_dims(model.config)
     hf = {k: v.clone() for k, v in model.state_dict().items()}
     layout = ParallelLayout(tp * pp, tp, pp, 1, vpp)
-    shards = {(t, p): hf_to_megatron(hf, dims, layout, t, p) for t in range(tp) for p in range(pp)}
+    shards = {(t, p, 0): hf_to_megatron(hf, dims, layout, t, p) for t in range(tp) for p in range(pp)}
     back = megatron_to_hf(shards, dims, layout)
     expected = {k for k in hf if not (tie and k == "lm_head.weight")}
     assert set(back) == expected
     for name in expected:
         assert torch.equal(back[name], hf[name]), name
     # vocab 50 is padded to a multiple of TP: every rank holds ceil(50 / tp) rows
-    emb = shards[(0, 0)][0]["embedding.word_embeddings.weight"]
+    emb = shards[(0, 0, 0)][0]["embedding.word_embeddings.weight"]
     assert emb.shape == (-(-50 // tp), 32)
-    last = shards[(0, pp - 1)][-1]
+    last = shards[(0, pp - 1, 0)][-1]
     assert ("output_layer.weight" in last) == (not tie or pp > 1)
 
 
@@ -167,3 +167,50 @@ def test_align_batch_maps_response_positions():
     assert a.targets.tolist() == [[7, 8, 0], [9, 0, 0]]
     with pytest.raises(ValueError, match="row 0 .* contiguous"):
         align_batch(ids, torch.tensor([[1, 0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]]), 3)
+
+
+def moe_checkpoint(tmp_path) -> dict[str, torch.Tensor]:
+    """A Qwen3-MoE's tensors as its checkpoint stores them (one tensor per expert and projection)."""
+    from safetensors.torch import load_file
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(**{**SMALL, "num_hidden_layers": 2}, head_dim=16, moe_intermediate_size=24,
+                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False)
+    Qwen3MoeForCausalLM(config).save_pretrained(tmp_path)
+    return load_file(str(tmp_path / "model.safetensors")), config
+
+
+@pytest.mark.parametrize("tp,pp,ep", [(1, 1, 1), (2, 1, 2), (1, 2, 2), (2, 2, 1), (1, 1, 4)])
+def test_mixture_of_experts_round_trip_and_expert_placement(tmp_path, tp, pp, ep):
+    hf, config = moe_checkpoint(tmp_path)
+    dims = model_dims(config)
+    assert (dims.num_experts, dims.moe_topk, dims.moe_ffn_hidden_size, dims.moe_renormalize) == (4, 2, 24, True)
+    layout = ParallelLayout(tp * pp * ep, tp, pp, 1, None, ep)
+    shards = {(t, p, e): hf_to_megatron(hf, dims, layout, t, p, e) for t in range(tp) for p in range(pp)
+              for e in range(ep)}
+    back = megatron_to_hf(shards, dims, layout)
+    assert set(back) == set(hf)
+    assert all(torch.equal(back[name], hf[name]) for name in hf)
+    # expert-parallel rank e holds experts [e·4/ep, (e+1)·4/ep) as local experts 0..4/ep-1
+    last = shards[(0, 0, ep - 1)][0]
+    local = sorted(k for k in last if ".mlp.experts." in k and k.startswith("decoder.layers.0.") and "fc2" in k)
+    assert local == [f"decoder.layers.0.mlp.experts.local_experts.{i}.linear_fc2.weight" for i in range(4 // ep)]
+    top = hf[f"model.layers.0.mlp.experts.{4 - 4 // ep}.down_proj.weight"]  # the rank's first expert
+    assert torch.equal(last["decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight"],
+                       torch.chunk(top, tp, dim=1)[0])
+    assert last["decoder.layers.0.mlp.router.weight"].shape == (4, 32)
+
+
+def test_mixture_of_experts_transformer_config():
+    from transformers import Qwen3MoeConfig
+
+    dims = model_dims(Qwen3MoeConfig(**SMALL, head_dim=16, moe_intermediate_size=24, num_experts=4,
+                                     num_experts_per_tok=2, norm_topk_prob=False))
+    kwargs = transformer_config_kwargs(dims, tp=2, ep=2, etp=1)
+    assert (kwargs["num_moe_experts"], kwargs["moe_router_topk"], kwargs["moe_ffn_hidden_size"]) == (4, 2, 24)
+    assert kwargs["moe_router_pre_softmax"] is True  # no renormalisation: top-k of the full softmax, as HF
+    assert (kwargs["expert_model_parallel_size"], kwargs["expert_tensor_parallel_size"]) == (2, 1)
+    assert kwargs["moe_router_load_balancing_type"] == "none" and kwargs["moe_token_dispatcher_type"] == "alltoall"
+    with pytest.raises(ValueError, match="every layer is a mixture of experts"):
+        model_dims(Qwen3MoeConfig(**SMALL, num_experts=4, mlp_only_layers=[0]))

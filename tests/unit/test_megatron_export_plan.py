@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from verlx.workers.megatron.architectures import model_dims
-from verlx.workers.megatron.export_plan import export_plan, iter_hf_weights
+from verlx.workers.megatron.export_plan import ExportGroups, export_plan, iter_hf_weights
 from verlx.workers.megatron.parallel import ParallelLayout
 from verlx.workers.megatron.weight_layout import hf_to_megatron
 
@@ -66,8 +66,9 @@ def _stream_worker(rank: int, world: int, init_file: str, tp: int, pp: int, out_
     tp_groups = [dist.new_group([p * tp + t for t in range(tp)]) for p in range(pp)]
     pp_groups = [dist.new_group([p * tp + t for p in range(pp)]) for t in range(tp)]
     shards = hf_to_megatron(hf, dims, layout, tp_rank, pp_rank)
-    stream = list(iter_hf_weights(export_plan(dims, layout), dims, shards, pp_rank, tp_groups[pp_rank],
-                                  pp_groups[tp_rank], torch.float32, torch.device("cpu")))
+    groups = ExportGroups(pp_rank, tp_groups[pp_rank], pp_groups[tp_rank])
+    stream = list(iter_hf_weights(export_plan(dims, layout), dims, shards, groups, torch.float32,
+                                  torch.device("cpu")))
     names = [n for n, _ in stream]
     ok = len(names) == len(set(names)) == len(hf) and all(torch.equal(t, hf[n]) for n, t in stream)
     torch.save({"ok": ok, "names": names}, os.path.join(out_dir, f"rank{rank}.pt"))

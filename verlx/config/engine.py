@@ -46,9 +46,16 @@ class MegatronConfig:
     param_offload: bool = False
     grad_offload: bool = False
     optimizer_offload: bool = False
-    use_transformer_engine: str = "auto"
+    use_transformer_engine: bool | str = "auto"  # auto, true or false
     seed: int = 42
     dtype: str = "bfloat16"
+    expert_tensor_parallel_size: int | None = None
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: str | None = None
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+    override_ddp_config: dict[str, Any] = field(default_factory=dict)
+    use_mbridge: bool = True
+    vanilla_mbridge: bool = False
 
 
 @dataclass
@@ -65,6 +72,16 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
     clip_grad: float | None = None
+    # megatron-core's parameter scheduler (veRL's megatron optim keys): used when lr_decay_style is set
+    lr_decay_style: str | None = None
+    lr_decay_steps: int | None = None
+    lr_warmup_init: float = 0.0
+    min_lr: float = 0.0
+    weight_decay_incr_style: str = "constant"
+    lr_wsd_decay_style: str = "exponential"
+    lr_wsd_decay_steps: int | None = None
+    use_checkpoint_opt_param_scheduler: bool = False
+    override_optimizer_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

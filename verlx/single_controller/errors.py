@@ -50,9 +50,10 @@ def exception_lines(formatted_traceback: str) -> str:
 class WorkerDiedError(WorkerGroupError):
     """A worker process is gone (killed, OOM, segfault)."""
 
-    def __init__(self, group: str, method: str, rank: int, detail: str):
-        self.group, self.method, self.rank = group, method, rank
-        super().__init__(f"{group} rank {rank} died during {method}: {detail}")
+    def __init__(self, group: str, method: str, rank: int, detail: str, node: str | None = None):
+        self.group, self.method, self.rank, self.node = group, method, rank, node
+        where = f" on {node}" if node else ""
+        super().__init__(f"{group} rank {rank}{where} died during {method}: {detail}")
 
 
 class PhaseTimeoutError(WorkerGroupError):

@@ -86,16 +86,21 @@ class Worker:
         import ray
 
         ctx = ray.get_runtime_context()
-        return WorkerIdentity(self.rank, os.getpid(), ray.util.get_node_ip_address(), ctx.get_node_id())
+        return WorkerIdentity(self.rank, os.getpid(), self.node_ip(), ctx.get_node_id())
+
+    @staticmethod
+    def node_ip() -> str:
+        """The IP address of this worker's node, as the Ray cluster knows it."""
+        import ray
+
+        return ray.util.get_node_ip_address()
 
     def pick_master_address(self) -> tuple[str, int]:
         """This node's IP and a free port, for rank 0 to host the torch.distributed rendezvous."""
-        import ray
-
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        addr = ray.util.get_node_ip_address()
+        addr = self.node_ip()
         self.set_master_address(addr, port)
         return addr, port
 

@@ -16,6 +16,7 @@ from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
+from verlx.reward.loading import describe_reward_function
 from verlx.rollout.agent.metrics import agent_input_keys, multi_turn_metrics
 from verlx.single_controller.ray import (
     RayClassWithInitArgs,
@@ -41,6 +42,7 @@ from verlx.trainer.perf_metrics import (
 )
 from verlx.trainer.resume import ResumePoint, plan_resume
 from verlx.trainer.reward_scoring import RewardScorer
+from verlx.trainer.reward_signal import RewardSignalMonitor
 from verlx.trainer.rollout_modes.staleness import staleness_metrics, stamp
 from verlx.trainer.stop_signals import NoStopSignals, StopSignals
 from verlx.trainer.validation import Validator
@@ -88,6 +90,8 @@ class RayPPOTrainer:
         self.scorer, self.val_scorer = RewardScorer(config, reward_fn), RewardScorer(config, val_reward_fn)
         self.profiles_steps = profile_plan(config) is not None  # the workers are told each step's number
         self.stop: StopSignals = NoStopSignals()  # main_ppo installs the signal handlers
+        self.reward_signal = RewardSignalMonitor(
+            lambda source: describe_reward_function(config.custom_reward_function, source), config.data.reward_fn_key)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -115,6 +119,7 @@ class RayPPOTrainer:
         if self.config.reward_model.enable:
             roles["reward_model"] = RayClassWithInitArgs(RewardModelWorker, config=self.config)
         self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
+        logger.info("trainer workers (%s): %s", "+".join(roles), self.worker_group.placement())
         views = self.worker_group.spawn({role: WORKER_CLASSES[role] for role in roles})
         for view in views.values():
             view.set_timeouts(t.phase_timeout_s, **t.phase_timeouts)
@@ -287,6 +292,7 @@ class RayPPOTrainer:
                 batch = self._rollout_and_score(batch, metrics, timing)
             else:
                 batch = self._score_generated(generated, metrics, timing)
+            metrics.update(self.reward_signal.observe(batch, self.global_step))
             if cfg.algorithm.filter_groups.enable:
                 batch = self._fill_with_informative_groups(batch, more_batches, metrics, timing)
             if cfg.trainer.balance_batch:

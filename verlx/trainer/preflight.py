@@ -55,6 +55,7 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     from verlx.rollout.base import ROLLOUT_ENGINES
     from verlx.utils.lr_schedules import LR_SCHEDULES
     from verlx.workers.engine import TRAINING_ENGINES
+    from verlx.workers.megatron.schedule import fsdp_problems as megatron_optim_keys_on_fsdp
 
     a, arr = cfg.algorithm, cfg.actor_rollout_ref
     _registered(f, "algorithm.adv_estimator", a.adv_estimator, ADV_ESTIMATORS)
@@ -72,9 +73,12 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     f.choice("data.truncation", cfg.data.truncation, ["error", *PROMPT_TRUNCATIONS.names()])
     f.choice("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
     f.choice("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, ROLLOUT_DTYPES)
-    for key, optim in (("actor_rollout_ref.actor.optim", arr.actor.optim), ("critic.optim", cfg.critic.optim)):
+    for key, role in (("actor_rollout_ref.actor.optim", arr.actor), ("critic.optim", cfg.critic)):
+        optim = role.optim
         f.choice(f"{key}.lr_scheduler_type", optim.warmup_style or optim.lr_scheduler_type, LR_SCHEDULES.names())
         f.choice(f"{key}.optimizer", optim.optimizer, ("AdamW",))
+        if role.strategy == "fsdp":
+            f.problems += megatron_optim_keys_on_fsdp(key, optim)
 
 
 def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None:
@@ -151,14 +155,23 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
             f"{key}.log_prob_micro_batch_size_per_gpu is not set (and log_prob_use_dynamic_bsz is false); "
             "set it to the samples per log-prob forward pass on each GPU, e.g. 8",
         )
-    tp = arr.rollout.tensor_model_parallel_size
-    f.require(
-        tp >= 1 and world_size % tp == 0,
-        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the world size {world_size}; "
-        f"sizes that work: {_divisors(world_size)}",
-    )
+    check_rollout_tp(cfg, f, world_size)
     if data.val_batch_size is not None:
         f.require(data.val_batch_size > 0, f"data.val_batch_size={data.val_batch_size} must be positive or null")
+
+
+def check_rollout_tp(cfg: PPOConfig, f: Findings, world_size: int) -> None:
+    """The rollout engines' TP groups tile the processes that host them (the trainer's, or the rollout group's)
+    and either fit inside a node or span whole nodes: the check the workers' engine layout would fail later."""
+    from verlx.rollout.engine_layout import check_tp_size
+
+    tp, t = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, cfg.trainer
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        world_size = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    try:
+        check_tp_size(world_size, tp, t.n_gpus_per_node)
+    except ValueError as e:
+        f.problems.append(str(e))
 
 
 def _ranks_per_shard(role) -> int:
@@ -387,9 +400,11 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     check_unsupported(cfg, f)
     check_run_length(cfg, f)
     if not f.problems:
-        from verlx.workers.megatron.config_checks import megatron_problems
+        from verlx.workers.megatron.config_checks import megatron_findings
 
-        f.problems += megatron_problems(cfg, world_size or world_size_of(cfg))
+        megatron = megatron_findings(cfg, world_size or world_size_of(cfg))
+        f.problems += megatron.problems
+        f.warnings += megatron.warnings
     if not f.problems:
         from verlx.rollout.agent.config_checks import agent_loop_problems
         from verlx.trainer.rollout_modes.config_checks import rollout_mode_problems

@@ -1,10 +1,18 @@
-"""What the Ray entry points (main_ppo, main_generation) do before their workers start: pick the device, start Ray."""
+"""What the Ray entry points (main_ppo, main_generation) do before their workers start: pick the device, start Ray.
+
+A run joins a Ray cluster only when pointed at one: `ray_kwargs.ray_init.address`, else the RAY_ADDRESS variable
+(`ray job submit` and shells of `ray start` clusters set it). Otherwise it starts a private Ray instance sized for
+its workers, beside any cluster this machine may also run. The log says which.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 
 from verlx.utils.device import resolve_device
+
+logger = logging.getLogger("verlx")
 
 
 def use_gpus(config) -> bool:
@@ -16,22 +24,46 @@ def use_gpus(config) -> bool:
     return t.device == "cuda"
 
 
+def cluster_address(config) -> tuple[str, str] | None:
+    """(address, where it came from) of the Ray cluster to join, or None for a private instance."""
+    if config.ray_kwargs.ray_init.address:
+        return config.ray_kwargs.ray_init.address, "ray_kwargs.ray_init.address"
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"], "the RAY_ADDRESS environment variable"
+    return None
+
+
+def _worker_env() -> dict[str, str]:
+    env = {"TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+           **{k: v for k, v in os.environ.items() if k.startswith("VERLX_PROFILE_")}}  # workers/profiling.py
+    if os.environ.get("PYTHONPATH"):  # a cluster's raylets did not inherit the driver's environment
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
 def start_ray(config, use_gpu: bool) -> None:
-    """ray.init from ray_kwargs.ray_init (an address joins a cluster), with the workers' environment."""
+    """ray.init: join the cluster `cluster_address` names, or start a private instance for this run's workers."""
     import ray
 
     if ray.is_initialized():
         return
     init = config.ray_kwargs.ray_init
-    env = {"TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
-           **{k: v for k, v in os.environ.items() if k.startswith("VERLX_PROFILE_")}}  # workers/profiling.py
-    kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
-    if init.address:
-        kwargs["address"] = init.address
+    kwargs = {"runtime_env": {"env_vars": _worker_env()}, "include_dashboard": False}
+    joined = cluster_address(config)
+    if joined:
+        address, source = joined
+        if init.num_cpus:
+            logger.warning("ray_kwargs.ray_init.num_cpus=%s is ignored: a cluster's resources are set by its "
+                           "`ray start` commands", init.num_cpus)
+        kwargs["address"] = address
+        logger.info("joining the Ray cluster at %s (from %s)", address, source)
     else:
         workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
         if not config.actor_rollout_ref.hybrid_engine:  # the rollout worker group of its own
             workers += config.rollout.n_gpus_per_node * config.rollout.nnodes
-        kwargs["num_cpus"] = init.num_cpus or max(os.cpu_count() or 1, workers + 1)
+        # "local": a new instance even where `ray start` left a cluster this machine would otherwise connect to
+        kwargs.update(address="local", num_cpus=init.num_cpus or max(os.cpu_count() or 1, workers + 1))
+        logger.info("starting a private Ray instance with %d CPUs (set ray_kwargs.ray_init.address or RAY_ADDRESS "
+                    "to join a running cluster)", kwargs["num_cpus"])
     ray.init(**kwargs)

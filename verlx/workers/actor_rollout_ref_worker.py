@@ -260,7 +260,8 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         from verlx.workers.weight_transfer import open_store
 
         self.transfer_store = open_store(self.config.actor_rollout_ref.nccl_timeout)
-        return self.master_addr or "127.0.0.1", self.transfer_store.port
+        # this node's address as Ray knows it: the rollout group may run on other hosts (docs/multinode.md)
+        return self.node_ip(), self.transfer_store.port
 
     @register(Dispatch.ONE_TO_ALL, blocking=False)
     def join_weight_transfer(self, host: str, port: int, world: int) -> None:

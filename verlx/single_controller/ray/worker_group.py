@@ -243,10 +243,11 @@ class RayWorkerGroup:
         except RayTaskError as e:
             cause = e.cause if isinstance(e.cause, BaseException) else None
             if isinstance(cause, (RayActorError, ActorDiedError)):
-                raise WorkerDiedError(self.name, method, rank, str(cause)) from None
+                raise WorkerDiedError(self.name, method, rank, str(cause), self.node_of(rank)) from None
             raise WorkerCallError(self.name, method, rank, str(e)) from cause
         except (ActorDiedError, RayActorError, ActorUnavailableError) as e:
-            raise WorkerDiedError(self.name, method, rank, _first_line(str(e))) from None
+            raise WorkerDiedError(self.name, method, rank, _first_line(str(e)),
+                                  self.node_of(rank)) from None
 
     def _raise_if_a_peer_died(self, method: str, ranks: list[int], pending: dict) -> None:
         """A rank whose collective failed (gloo "connection reset", NCCL errors) is usually collateral damage of a
@@ -260,10 +261,12 @@ class RayWorkerGroup:
                 try:
                     ray.get(ref)
                 except (ActorDiedError, RayActorError, ActorUnavailableError) as e:
-                    raise WorkerDiedError(self.name, method, rank, _first_line(str(e))) from None
+                    raise WorkerDiedError(self.name, method, rank, _first_line(str(e)),
+                                          self.node_of(rank)) from None
                 except RayTaskError as e:
                     if isinstance(e.cause, (ActorDiedError, RayActorError)):
-                        raise WorkerDiedError(self.name, method, rank, _first_line(str(e.cause))) from None
+                        raise WorkerDiedError(self.name, method, rank, _first_line(str(e.cause)),
+                                              self.node_of(rank)) from None
 
     def _raise_if_any_died(self, method: str, ranks: list[int]) -> None:
         """A rank stuck in a collective often means a peer died: report the death rather than the hang."""
@@ -271,9 +274,29 @@ class RayWorkerGroup:
             try:
                 ray.get(self._workers[rank].__ray_ready__.remote(), timeout=2)
             except (ActorDiedError, RayActorError) as e:
-                raise WorkerDiedError(self.name, method, rank, _first_line(str(e))) from None
+                raise WorkerDiedError(self.name, method, rank, _first_line(str(e)),
+                                      self.node_of(rank)) from None
             except ray.exceptions.GetTimeoutError:
                 pass
+
+    def node_of(self, rank: int) -> str | None:
+        """"node <ip> (<Ray node id>)" of a rank, for messages; None before the workers reported it."""
+        if rank >= len(self._identities):
+            return None
+        ident = self._identities[rank]
+        return f"node {ident.node_ip} ({ident.node_id[:12]})"
+
+    def placement(self) -> str:
+        """Where the ranks run, one node at a time: "ranks 0-1 on node 10.0.0.1 (9d09...), ranks 2-3 on ..."."""
+        parts: list[tuple[str, list[int]]] = []
+        for rank in range(len(self._identities)):
+            node = self.node_of(rank)
+            if parts and parts[-1][0] == node:
+                parts[-1][1].append(rank)
+            else:
+                parts.append((node, [rank]))
+        return ", ".join(f"rank{'s' if len(r) > 1 else ''} {r[0]}{f'-{r[-1]}' if len(r) > 1 else ''} on {node}"
+                         for node, r in parts)
 
     def shutdown(self) -> None:
         for w in self._workers:

@@ -2,7 +2,8 @@
 
 Placements *overlap* when the trainer's and the rollout group's processes would need the same device: on one
 machine (a local Ray), trainer.n_gpus_per_node + rollout.n_gpus_per_node must not exceed its GPUs (CPU workers:
-ray_kwargs.ray_init.num_cpus when it is set); a cluster (ray_init.address) is checked by Ray's placement instead.
+ray_kwargs.ray_init.num_cpus when it is set); a cluster (ray_init.address or RAY_ADDRESS) is checked by Ray's placement
+instead.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def _placement_problems(cfg) -> list[str]:
     if r.nnodes < 1 or r.n_gpus_per_node < 1:
         return [f"actor_rollout_ref.hybrid_engine=false needs a rollout worker group with at least one GPU: "
                 f"rollout.nnodes={r.nnodes} × rollout.n_gpus_per_node={r.n_gpus_per_node} gives none"]
-    if cfg.ray_kwargs.ray_init.address:
+    from verlx.trainer.ray_startup import cluster_address
+
+    if cluster_address(cfg):
         return []
     return _overlap_problems(cfg)
 
@@ -60,8 +63,9 @@ def _overlap_problems(cfg) -> list[str]:
     """On one machine the trainer's and the rollout group's processes must fit side by side."""
     t, r = cfg.trainer, cfg.rollout
     if t.nnodes > 1 or r.nnodes > 1:
-        return [f"trainer.nnodes={t.nnodes}, rollout.nnodes={r.nnodes}: a local Ray (ray_kwargs.ray_init.address "
-                "null) has one node; join a cluster with ray_kwargs.ray_init.address=auto"]
+        return [f"trainer.nnodes={t.nnodes}, rollout.nnodes={r.nnodes}: a private Ray instance (neither "
+                "ray_kwargs.ray_init.address nor RAY_ADDRESS set) has one node; join a cluster with "
+                "ray_kwargs.ray_init.address=auto"]
     wanted = t.n_gpus_per_node + r.n_gpus_per_node
     if t.device == "cuda":
         import torch

@@ -39,8 +39,8 @@ class RolloutGroup:
             future.get()
         self.version: int | None = None
         self.sync_seconds = 0.0  # weight syncs since the last take_sync_seconds()
-        logger.info("rollout worker group: %d processes; weights broadcast from trainer rank 0 (%s:%d)",
-                    self.wg.world_size, host, port)
+        logger.info("rollout worker group: %s; weights broadcast from trainer rank 0 (%s:%d)",
+                    self.wg.placement(), host, port)
 
     def sync_weights(self, version: int, timeout_s: float | None = None) -> None:
         """Broadcast the trainer's weights (policy `version`) into every rollout engine; the trainer and the rollout

@@ -5,6 +5,7 @@ Pure functions of the HF config: no megatron-core import, so they are tested on 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,14 @@ class ModelDims:
     rope_theta: float
     max_position_embeddings: int
     rope_scaling_factor: float | None = None  # llama3-style scaling when set
+    num_experts: int = 0  # mixture-of-experts layers (every layer) when > 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_renormalize: bool = True  # top-k routing weights renormalised to sum to 1 (HF's norm_topk_prob)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def heads_per_group(self) -> int:
@@ -122,10 +131,27 @@ def _llama(hf_config) -> ModelDims:
     return _common(hf_config, "LlamaForCausalLM", qkv_bias=False, qk_norm=False)
 
 
+@ARCHITECTURES.register("Qwen3MoeForCausalLM")
+def _qwen3_moe(hf_config) -> ModelDims:
+    """Every layer a mixture of experts (no dense layers, no shared expert), softmax router with top-k."""
+    _no_sliding_window(hf_config, "Qwen3MoeForCausalLM")
+    dense = list(getattr(hf_config, "mlp_only_layers", None) or [])
+    step = getattr(hf_config, "decoder_sparse_step", 1)
+    if dense or step != 1:
+        raise ValueError(f"Qwen3MoeForCausalLM with dense layers (mlp_only_layers={dense}, decoder_sparse_step="
+                         f"{step}): the megatron converter supports models whose every layer is a mixture of experts")
+    dims = _common(hf_config, "Qwen3MoeForCausalLM", qkv_bias=bool(getattr(hf_config, "attention_bias", False)),
+                   qk_norm=True)
+    return dataclasses.replace(dims, num_experts=hf_config.num_experts, moe_topk=hf_config.num_experts_per_tok,
+                               moe_ffn_hidden_size=hf_config.moe_intermediate_size,
+                               moe_renormalize=bool(getattr(hf_config, "norm_topk_prob", False)))
+
+
 def architecture_of(hf_config) -> str:
     archs = list(getattr(hf_config, "architectures", None) or [])
     if not archs:
-        by_type = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+        by_type = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                   "qwen3_moe": "Qwen3MoeForCausalLM"}
         model_type = getattr(hf_config, "model_type", None)
         if model_type in by_type:
             return by_type[model_type]
@@ -141,7 +167,8 @@ def model_dims(hf_config) -> ModelDims:
 
 def transformer_config_kwargs(dims: ModelDims, *, tp: int = 1, pp: int = 1, vpp: int | None = None, cp: int = 1,
                               sequence_parallel: bool = False, dtype: str = "bfloat16",
-                              recompute: bool = False, use_te: bool = False) -> dict[str, Any]:
+                              recompute: bool = False, use_te: bool = False, ep: int = 1,
+                              etp: int | None = None) -> dict[str, Any]:
     """Keyword arguments of megatron.core.transformer.TransformerConfig for this model and layout."""
     import torch
     import torch.nn.functional as F
@@ -182,6 +209,15 @@ def transformer_config_kwargs(dims: ModelDims, *, tp: int = 1, pp: int = 1, vpp:
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
     )
+    if dims.is_moe:
+        # HF's router: softmax over all experts, top-k, renormalised when norm_topk_prob. megatron's softmax over the
+        # top-k logits is that renormalisation; pre-softmax top-k keeps the raw probabilities. No auxiliary loss
+        # (the FSDP policy adds none); override_transformer_config.moe_aux_loss_coeff & co. turn it on.
+        kwargs.update(num_moe_experts=dims.num_experts, moe_router_topk=dims.moe_topk,
+                      moe_ffn_hidden_size=dims.moe_ffn_hidden_size, moe_router_pre_softmax=not dims.moe_renormalize,
+                      moe_router_score_function="softmax", moe_router_load_balancing_type="none",
+                      moe_aux_loss_coeff=0.0, moe_grouped_gemm=False, expert_model_parallel_size=ep,
+                      expert_tensor_parallel_size=etp or tp)
     if recompute:
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     if use_te:

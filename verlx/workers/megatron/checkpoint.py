@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,10 @@ from verlx.workers.megatron.architectures import model_dims
 from verlx.workers.megatron.weight_layout import is_tied_copy, param_specs, split_to_hf, te_name
 
 DIST_SUBDIR = "dcp"
+# The distributed optimizer's state in a layout-independent form (gathered per DP group on save, sliced on load).
+# megatron-core 0.16's default, fully_sharded_model_space, is deprecated and fails on save ("ShardedTensor.
+# flattened_range is not supported", 2 x H100, 2026-11-26); dp_reshardable would pin the checkpoint to one TP/PP layout.
+OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 class MegatronCheckpointManager:
@@ -38,7 +43,8 @@ class MegatronCheckpointManager:
     def _sharded(self, is_loading: bool) -> dict:
         state = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(self.chunks)}
         if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.sharded_state_dict(dict(state), is_loading=is_loading)
+            state["optimizer"] = self.optimizer.sharded_state_dict(dict(state), is_loading=is_loading,
+                                                                    metadata=OPTIMIZER_SHARDING)
         return state
 
     def save(self, path: str) -> None:
@@ -67,6 +73,60 @@ class MegatronCheckpointManager:
         load_rank_state(path, self.lr_scheduler)
 
 
+# ---------------------------------------------------------------------- initial weights from a dist-checkpoint
+def _checkpoint_dir(path: str) -> str:
+    """A dist-checkpoint directory: `path` itself, or its dcp/ (verlx's global_step_N/actor)."""
+    from verlx.utils.paths import expand_path
+
+    path = expand_path(path)
+    inner = os.path.join(path, DIST_SUBDIR)
+    if os.path.isfile(os.path.join(inner, ".metadata")):
+        return inner
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise FileNotFoundError(f"megatron.dist_checkpointing_path={path} is not a megatron dist-checkpoint (no "
+                                f".metadata in it or in its {DIST_SUBDIR}/)")
+    return path
+
+
+def _stored_name(key: str, stored) -> str | None:
+    """The checkpoint's name for one of our sharded keys: ours ("gpt." prefix, local layer spec), a bare GPTModel's
+    (megatron's and veRL's converters), either with transformer-engine's layer names."""
+    bare = key.removeprefix("gpt.")
+    for candidate in (key, bare, te_name(key), te_name(bare)):
+        if candidate in stored:
+            return candidate
+    return None
+
+
+def load_dist_weights(chunks, path: str) -> None:
+    """The model weights of a dist-checkpoint (any TP/PP layout) into this rank's chunks (use_dist_checkpointing).
+
+    A value head absent from the checkpoint (a policy checkpoint for a critic) keeps its zero initialisation;
+    any other parameter the checkpoint lacks is an error naming it.
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    ckpt = _checkpoint_dir(path)
+    stored = _dist_keys(ckpt)
+    for chunk in chunks:
+        sharded, missing = {}, []
+        for name, value in chunk.sharded_state_dict().items():
+            if not isinstance(value, (ShardedTensor, ShardedTensorFactory)):  # a factory: the fused gate/up weight
+                continue  # extra states (ShardedObject): nothing the local layers read
+            found = _stored_name(value.key, stored)
+            if found is None:
+                if not name.startswith("value_head."):
+                    missing.append(value.key)
+                continue
+            value.key = found
+            sharded[name] = value
+        if missing:
+            raise KeyError(f"megatron.dist_checkpointing_path={path} has no tensors for {missing[:5]}"
+                           f"{' ...' if len(missing) > 5 else ''}; is it a checkpoint of this model?")
+        chunk.load_state_dict(dist_checkpointing.load(sharded, ckpt), strict=False)
+
+
 # ---------------------------------------------------------------------- export to HF
 def _dist_keys(ckpt: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     from torch.distributed.checkpoint import FileSystemReader
@@ -82,14 +142,17 @@ def _read(ckpt: str, key: str, shape, dtype) -> torch.Tensor:
     from torch.distributed.checkpoint import FileSystemReader
 
     state = {key: torch.empty(shape, dtype=dtype)}
-    dcp.load(state, storage_reader=FileSystemReader(ckpt))
+    # no_dist: a plain read on this process alone, also inside a process group (export runs on one rank)
+    dcp.load(state, storage_reader=FileSystemReader(ckpt), no_dist=True)
     return state[key]
 
 
 def _stored_key(name: str, keys) -> str:
-    """The dist-checkpoint key of a megatron parameter (layer index stripped: layers are stacked on dim 0)."""
+    """The dist-checkpoint key of a megatron parameter: layer index stripped (layers are stacked on dim 0), and an
+    expert's index too (megatron stacks experts on dim 1 under `experts.experts.` for `experts.local_experts.<e>.`)."""
     generic = "gpt." + name.split(".", 3)[0] + ".layers." + name.split(".", 3)[3] if ".layers." in name \
         else "gpt." + name
+    generic = re.sub(r"experts\.local_experts\.\d+\.", "experts.experts.", generic)
     for candidate in (generic, te_name(generic)):
         if candidate in keys:
             return candidate
@@ -134,6 +197,7 @@ def export_megatron_checkpoint(ckpt_dir: str, out_dir: str, max_shard_bytes: int
         stacked = _read(ckpt, key, *keys[key])  # every layer's copy of one parameter: read once
         for spec in specs:
             merged = stacked[spec.layer] if spec.layer is not None else stacked
+            merged = merged[spec.expert] if spec.expert is not None else merged
             for name, tensor in split_to_hf(spec, merged, dims):
                 tensor = tensor.to(dtype) if dtype is not None else tensor
                 nbytes = tensor.numel() * tensor.element_size()

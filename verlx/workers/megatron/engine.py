@@ -54,7 +54,7 @@ class MegatronEngine(TrainingEngine):
         from verlx.workers.megatron.architectures import model_dims
         from verlx.workers.megatron.checkpoint import MegatronCheckpointManager
         from verlx.workers.megatron.runner import MegatronRunner
-        from verlx.workers.megatron.setup import FactorLRScheduler, build_role_chunks, layout_for, wrap_for_training
+        from verlx.workers.megatron.setup import build_lr_scheduler, build_role_chunks, layout_for, wrap_for_training
 
         dims = model_dims(spec.hf_config)
         mcfg = spec.role.megatron
@@ -66,7 +66,8 @@ class MegatronEngine(TrainingEngine):
                 chunk.requires_grad_(False)
             return cls(MegatronRunner(chunks, spec.device, role=spec.name), dims, layout, chunks)
         wrapped, optimizer = wrap_for_training(chunks, config, mcfg, spec.role.optim, spec.role.grad_clip)
-        lr_scheduler = FactorLRScheduler(optimizer, spec.role.optim, spec.total_steps)
+        key = {"actor": "actor_rollout_ref.actor", "critic": "critic"}.get(spec.name, spec.name)
+        lr_scheduler = build_lr_scheduler(optimizer, spec.role.optim, spec.total_steps, f"{key}.optim")
         runner = MegatronRunner(wrapped, spec.device, optimizer, spec.name, spec.max_consecutive_nonfinite)
         with_hf = spec.tokenizer is not None
         checkpoint = MegatronCheckpointManager(wrapped, optimizer, lr_scheduler, spec.tokenizer,
@@ -134,14 +135,17 @@ class MegatronEngine(TrainingEngine):
         self.checkpoint.load(path)
 
     def rollout_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors from the TP/PP shards: each owning stage gathers over TP, then broadcasts over PP."""
+        """HF-named full tensors from the TP/PP/EP shards: the owning ranks gather over (expert-)TP, then broadcast
+        over EP and PP."""
         from megatron.core import parallel_state as mpu
 
         from verlx.rollout.weight_sync import iter_engine_weights
-        from verlx.workers.megatron.export_plan import export_plan, iter_hf_weights
+        from verlx.workers.megatron.export_plan import ExportGroups, export_plan, iter_hf_weights
         from verlx.workers.megatron.model import local_params
 
-        named = iter_hf_weights(export_plan(self.dims, self.layout), self.dims, local_params(self.chunks),
-                                mpu.get_pipeline_model_parallel_rank(), mpu.get_tensor_model_parallel_group(),
-                                mpu.get_pipeline_model_parallel_group(), dtype, self.device)
+        groups = ExportGroups(mpu.get_pipeline_model_parallel_rank(), mpu.get_tensor_model_parallel_group(),
+                              mpu.get_pipeline_model_parallel_group(), mpu.get_expert_model_parallel_rank(),
+                              mpu.get_expert_tensor_parallel_group(), mpu.get_expert_model_parallel_group())
+        named = iter_hf_weights(export_plan(self.dims, self.layout), self.dims, local_params(self.chunks), groups,
+                                dtype, self.device)
         return iter_engine_weights(named, None, self.dims.tie_word_embeddings)

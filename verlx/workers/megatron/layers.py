@@ -59,3 +59,13 @@ class SDPAttention(MegatronModule):
                                              enable_gqa=q.shape[1] != k.shape[1])
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+def allow_moe_router_without_transformer_engine() -> None:
+    """megatron-core 0.16's MoE router reads `te_general_gemm`, a name it imports only from transformer-engine:
+    without it every routing step fails with a NameError. Defined as None, the router takes its torch path."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+

@@ -21,8 +21,11 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from verlx.models.vocab_parallel_logprob import vocab_parallel_log_probs, vocab_parallel_sum_pi_squared
 from verlx.workers.megatron.architectures import ModelDims, gpt_model_kwargs, transformer_config_kwargs
 from verlx.workers.megatron.batch_layout import AlignedBatch
+from verlx.workers.megatron.overrides import transformer_kwargs_with_overrides
 from verlx.workers.megatron.parallel import ParallelLayout
 from verlx.workers.megatron.weight_layout import (
+    REPLICATED,
+    ROW,
     combine_hf,
     local_spec_name,
     param_specs,
@@ -35,6 +38,9 @@ from verlx.workers.megatron.weight_layout import (
 def layer_spec(dims: ModelDims, use_te: bool, local_layers: int):
     """The block spec: transformer-engine's layers, or megatron's local layers with our SDPA attention and RMSNorm."""
     if use_te:
+        if dims.is_moe:
+            raise ValueError("mixture-of-experts models are converted for megatron's local layers only; set "
+                             "megatron.use_transformer_engine=false")
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_norm)
@@ -43,7 +49,8 @@ def layer_spec(dims: ModelDims, use_te: bool, local_layers: int):
 
     from verlx.workers.megatron.layers import RMSNorm, SDPAttention
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=dims.num_experts or None, moe_grouped_gemm=False,
+                                    qk_layernorm=dims.qk_norm, normalization="RMSNorm")
     sub = spec.submodules
     sub.input_layernorm = RMSNorm
     sub.pre_mlp_layernorm = RMSNorm
@@ -59,9 +66,9 @@ def build_transformer_config(dims: ModelDims, layout: ParallelLayout, mcfg, reco
                              on_cpu: bool) -> TransformerConfig:
     kwargs = transformer_config_kwargs(dims, tp=layout.tp, pp=layout.pp, vpp=layout.vpp, cp=layout.cp,
                                        sequence_parallel=mcfg.sequence_parallel, dtype=mcfg.dtype,
-                                       recompute=recompute, use_te=use_te)
+                                       recompute=recompute, use_te=use_te, ep=layout.ep, etp=layout.expert_tp)
     kwargs.update(perform_initialization=False, use_cpu_initialization=on_cpu)
-    return TransformerConfig(**kwargs)
+    return TransformerConfig(**transformer_kwargs_with_overrides(kwargs, mcfg.override_transformer_config, use_te))
 
 
 class RLModelChunk(MegatronModule):
@@ -107,14 +114,19 @@ class RLModelChunk(MegatronModule):
 
     # ------------------------------------------------------------------ heads (last stage)
     def _response_hidden(self, hidden: torch.Tensor, batch: AlignedBatch, partial_grads: bool) -> torch.Tensor:
+        """[b, R, h] hidden states at the response positions. With `partial_grads` (a vocabulary-parallel head,
+        whose hidden-state gradient is each TP rank's partial sum) the backward pass sums them over TP ranks."""
         if self.config.sequence_parallel:
             hidden = tensor_parallel.gather_from_sequence_parallel_region(
                 hidden, tensor_parallel_output_grad=partial_grads)
-        elif partial_grads:
-            hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden)
         h = hidden.transpose(0, 1)  # [b, s, h]
         index = batch.hidden_index.unsqueeze(-1).expand(-1, -1, h.shape[-1])
-        return h.gather(1, index)
+        h = h.gather(1, index)
+        if partial_grads and not self.config.sequence_parallel:
+            # after the gather, not before: megatron's backward all-reduce works on grad.contiguous() and returns
+            # the unreduced grad when that is a copy, which the transpose's gradient would be
+            h = tensor_parallel.copy_to_tensor_model_parallel_region(h)
+        return h
 
     def _output_weight(self) -> torch.Tensor:
         return self.gpt.shared_embedding_or_output_weight() if self.gpt.share_embeddings_and_output_weights \
@@ -146,6 +158,10 @@ class RLModelChunk(MegatronModule):
 def build_chunks(dims: ModelDims, layout: ParallelLayout, config: TransformerConfig, use_te: bool,
                  value_head: bool) -> list[RLModelChunk]:
     """This rank's model chunks (one per virtual pipeline stage), weights uninitialised."""
+    if dims.is_moe:
+        from verlx.workers.megatron.layers import allow_moe_router_without_transformer_engine
+
+        allow_moe_router_without_transformer_engine()
     chunks = []
     local_layers = dims.num_layers // (layout.pp * layout.chunks)
     for vp in range(layout.chunks):
@@ -155,7 +171,27 @@ def build_chunks(dims: ModelDims, layout: ParallelLayout, config: TransformerCon
         gpt = GPTModel(config, layer_spec(dims, use_te, local_layers), pre_process=pre, post_process=post,
                        vp_stage=vp_stage, **gpt_model_kwargs(dims, layout.tp))
         chunks.append(RLModelChunk(gpt, dims, value_head))
+    mark_tensor_parallel(chunks, dims, layout)
     return chunks
+
+
+def mark_tensor_parallel(chunks: list[RLModelChunk], dims: ModelDims, layout: ParallelLayout) -> None:
+    """Mark every TP-sharded parameter as megatron does when it initialises weights itself.
+
+    megatron sets `tensor_model_parallel` / `partition_dim` inside its weight initialisation, which loading from
+    a checkpoint skips (perform_initialization=False). Unmarked parameters count as copies held by every TP rank,
+    so the gradient norm (and the clipping that uses it) left out the shards of every TP rank but the first.
+    """
+    params, ranks = local_params(chunks), _ranks()
+    for spec in param_specs(dims, layout.pp):
+        where = placement(spec, dims, layout)
+        held = _held_here(spec, where, ranks)
+        param = params[where.chunk].get(spec.local_name(where.local_layer, where.local_expert)) if held else None
+        if param is None or spec.tp_split == REPLICATED:
+            continue
+        param.tensor_model_parallel = True
+        param.partition_dim = 1 if spec.tp_split == ROW else 0
+        param.partition_stride = 1
 
 
 # ---------------------------------------------------------------------- loading HF weights
@@ -193,20 +229,21 @@ class HFCheckpoint:
 def load_hf_weights(chunks: list[RLModelChunk], checkpoint: HFCheckpoint, dims: ModelDims,
                     layout: ParallelLayout) -> None:
     """Copy this rank's slices of the HF weights into its chunks; every chunk parameter must be covered."""
-    tp_rank, pp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
+    ranks = _ranks()
     params = local_params(chunks)
     loaded: list[set[str]] = [set() for _ in chunks]
     for spec in param_specs(dims, layout.pp):
         where = placement(spec, dims, layout)
-        if where.pp_rank != pp_rank:
+        if not _held_here(spec, where, ranks):
             continue
-        name = spec.local_name(where.local_layer)
+        name = spec.local_name(where.local_layer, where.local_expert)
         if name not in params[where.chunk]:
             if name == "output_layer.weight" and chunks[where.chunk].is_value:
                 continue
             raise KeyError(f"megatron chunk {where.chunk} has no parameter {name} ({te_name(name)} with TE)")
         merged = combine_hf(spec, [checkpoint.get(n) for n in spec.hf_names], dims, layout.tp)
-        shard = tp_shard(spec.tp_split, merged, layout.tp, tp_rank)
+        tp_rank = ranks["etp"] if spec.expert is not None else ranks["tp"]
+        shard = tp_shard(spec.tp_split, merged, layout.expert_tp if spec.expert is not None else layout.tp, tp_rank)
         target = params[where.chunk][name]
         if tuple(shard.shape) != tuple(target.shape):
             raise ValueError(f"{name}: HF gives shape {tuple(shard.shape)} for TP rank {tp_rank}, megatron "
@@ -219,6 +256,17 @@ def load_hf_weights(chunks: list[RLModelChunk], checkpoint: HFCheckpoint, dims: 
         if missing:
             raise KeyError(f"no HF tensor was mapped to megatron parameters {missing[:5]} (chunk {i}); "
                            f"is {checkpoint.path} a {dims.architecture} checkpoint?")
+
+
+def _ranks() -> dict[str, int]:
+    """This process's coordinates in megatron's groups."""
+    return {"tp": mpu.get_tensor_model_parallel_rank(), "pp": mpu.get_pipeline_model_parallel_rank(),
+            "ep": mpu.get_expert_model_parallel_rank(), "etp": mpu.get_expert_tensor_parallel_rank()}
+
+
+def _held_here(spec, where, ranks: dict[str, int]) -> bool:
+    """The parameter lives on this pipeline stage (and, an expert's, on this expert-parallel rank)."""
+    return where.pp_rank == ranks["pp"] and (spec.expert is None or where.ep_rank == ranks["ep"])
 
 
 def local_params(chunks: Iterable[RLModelChunk]) -> list[dict[str, torch.Tensor]]:

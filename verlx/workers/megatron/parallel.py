@@ -15,6 +15,12 @@ class ParallelLayout:
     pp: int = 1
     cp: int = 1
     vpp: int | None = None
+    ep: int = 1  # expert parallel (mixture-of-experts models): experts spread over data-parallel ranks
+    etp: int | None = None  # expert tensor parallel; None = tp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     @property
     def dp(self) -> int:
@@ -78,8 +84,9 @@ def check_layout(world_size: int, tp: int, pp: int, cp: int = 1, vpp: int | None
     return problems
 
 
-def require_layout(world_size: int, tp: int, pp: int, cp: int = 1, vpp: int | None = None, **model) -> ParallelLayout:
+def require_layout(world_size: int, tp: int, pp: int, cp: int = 1, vpp: int | None = None, ep: int = 1,
+                   etp: int | None = None, **model) -> ParallelLayout:
     problems = check_layout(world_size, tp, pp, cp, vpp, **model)
     if problems:
         raise ValueError("invalid megatron parallel layout:\n" + "\n".join(f"  - {p}" for p in problems))
-    return ParallelLayout(world_size, tp, pp, cp, vpp if vpp and vpp > 1 else None)
+    return ParallelLayout(world_size, tp, pp, cp, vpp if vpp and vpp > 1 else None, ep, etp)

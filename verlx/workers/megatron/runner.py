@@ -99,8 +99,8 @@ class MegatronRunner:
         if self._grads_finite():
             ok, grad_norm, _ = self.optimizer.step()
             self.consecutive = 0
-            if grad_norm is not None:
-                metrics.add_mean(f"{self.role}/grad_norm", torch.tensor(float(grad_norm)))
+            if grad_norm is not None:  # a Python float (megatron reads it to the host for clipping)
+                metrics.add_mean(f"{self.role}/grad_norm", grad_norm)
         else:
             self.zero_grad()
             self.consecutive += 1

@@ -39,11 +39,15 @@ class ParamSpec:
     combine: str  # SINGLE | QKV | GATE_UP
     tp_split: str  # REPLICATED | COLUMN | ROW | VOCAB | GLU
     layer: int | None = None  # global layer index; None for embedding, final norm, output layer
+    expert: int | None = None  # global expert index of an expert's weight (mixture-of-experts layers)
 
-    def local_name(self, local_layer: int | None) -> str:
+    def local_name(self, local_layer: int | None, local_expert: int | None = None) -> str:
         if self.layer is None:
             return self.name
-        return self.name.replace(f"decoder.layers.{self.layer}.", f"decoder.layers.{local_layer}.", 1)
+        name = self.name.replace(f"decoder.layers.{self.layer}.", f"decoder.layers.{local_layer}.", 1)
+        if self.expert is not None:
+            name = name.replace(f"local_experts.{self.expert}.", f"local_experts.{local_expert}.", 1)
+        return name
 
 
 def _layer_specs(dims: ModelDims, i: int) -> list[ParamSpec]:
@@ -66,10 +70,26 @@ def _layer_specs(dims: ModelDims, i: int) -> list[ParamSpec]:
     specs += [
         ParamSpec(mc + "self_attention.linear_proj.weight", (hf + "self_attn.o_proj.weight",), SINGLE, ROW, i),
         ParamSpec(mc + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",), SINGLE, REPLICATED, i),
+    ]
+    return specs + (_expert_specs(dims, i) if dims.is_moe else [
         ParamSpec(mc + "mlp.linear_fc1.weight", (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"), GATE_UP,
                   GLU, i),
         ParamSpec(mc + "mlp.linear_fc2.weight", (hf + "mlp.down_proj.weight",), SINGLE, ROW, i),
-    ]
+    ])
+
+
+def _expert_specs(dims: ModelDims, i: int) -> list[ParamSpec]:
+    """A mixture-of-experts layer: the router (replicated) and each expert's MLP (split over expert-TP ranks), in
+    HF's checkpoint names (one tensor per expert and projection)."""
+    hf, mc = f"model.layers.{i}.mlp.", f"decoder.layers.{i}.mlp."
+    specs = [ParamSpec(mc + "router.weight", (hf + "gate.weight",), SINGLE, REPLICATED, i)]
+    for e in range(dims.num_experts):
+        src, dst = f"{hf}experts.{e}.", f"{mc}experts.local_experts.{e}."
+        specs += [
+            ParamSpec(dst + "linear_fc1.weight", (src + "gate_proj.weight", src + "up_proj.weight"), GATE_UP, GLU, i,
+                      e),
+            ParamSpec(dst + "linear_fc2.weight", (src + "down_proj.weight",), SINGLE, ROW, i, e),
+        ]
     return specs
 
 
@@ -114,6 +134,8 @@ class Placement:
     pp_rank: int
     chunk: int  # virtual pipeline chunk on that stage
     local_layer: int | None
+    ep_rank: int = 0  # expert weights: the expert-parallel rank that holds the expert
+    local_expert: int | None = None
 
 
 def layer_placement(layer: int, num_layers: int, pp: int, chunks: int) -> Placement:
@@ -124,6 +146,10 @@ def layer_placement(layer: int, num_layers: int, pp: int, chunks: int) -> Placem
 
 
 def placement(spec: ParamSpec, dims: ModelDims, layout: ParallelLayout) -> Placement:
+    if spec.expert is not None:  # megatron gives each expert-parallel rank a contiguous block of experts
+        per_rank = dims.num_experts // layout.ep
+        where = layer_placement(spec.layer, dims.num_layers, layout.pp, layout.chunks)
+        return Placement(where.pp_rank, where.chunk, where.local_layer, spec.expert // per_rank, spec.expert % per_rank)
     if spec.layer is not None:
         return layer_placement(spec.layer, dims.num_layers, layout.pp, layout.chunks)
     if spec.name.startswith("embedding."):
@@ -184,10 +210,13 @@ def merged_shape(spec: ParamSpec, dims: ModelDims, tp: int) -> tuple[int, ...]:
         return (qkv_rows, h) if kind == "weight" else (qkv_rows,)
     if module == "linear_proj":
         return (h, dims.num_heads * d)
+    ffn = dims.moe_ffn_hidden_size if spec.expert is not None else dims.ffn_hidden_size
     if module == "linear_fc1":
-        return (2 * dims.ffn_hidden_size, h)
+        return (2 * ffn, h)
     if module == "linear_fc2":
-        return (h, dims.ffn_hidden_size)
+        return (h, ffn)
+    if module == "router":
+        return (dims.num_experts, h)
     if module in ("q_layernorm", "k_layernorm"):
         return (d,)
     return (h,)
@@ -224,30 +253,35 @@ def tp_merge(tp_split: str, shards: list[torch.Tensor]) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- whole-model conversion
 def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], dims: ModelDims, layout: ParallelLayout, tp_rank: int,
-                   pp_rank: int) -> list[dict[str, torch.Tensor]]:
-    """This (tp_rank, pp_rank)'s parameters, one dict of local-spec names per virtual pipeline chunk."""
+                   pp_rank: int, ep_rank: int = 0) -> list[dict[str, torch.Tensor]]:
+    """This (tp_rank, pp_rank, ep_rank)'s parameters, one dict of local-spec names per virtual pipeline chunk
+    (expert weights split over expert-TP ranks, here tp_rank modulo the expert-TP size)."""
     chunks: list[dict[str, torch.Tensor]] = [{} for _ in range(layout.chunks)]
     for spec in param_specs(dims, layout.pp):
         where = placement(spec, dims, layout)
-        if where.pp_rank != pp_rank:
+        if where.pp_rank != pp_rank or (spec.expert is not None and where.ep_rank != ep_rank):
             continue
         missing = [n for n in spec.hf_names if n not in hf_state]
         if missing:
             raise KeyError(f"{dims.architecture} checkpoint lacks {missing} (needed for megatron {spec.name})")
         merged = combine_hf(spec, [hf_state[n] for n in spec.hf_names], dims, layout.tp)
-        chunks[where.chunk][spec.local_name(where.local_layer)] = tp_shard(spec.tp_split, merged, layout.tp, tp_rank)
+        tp = layout.expert_tp if spec.expert is not None else layout.tp
+        chunks[where.chunk][spec.local_name(where.local_layer, where.local_expert)] = tp_shard(
+            spec.tp_split, merged, tp, tp_rank % tp)
     return chunks
 
 
-def megatron_to_hf(shards: Mapping[tuple[int, int], list[dict[str, torch.Tensor]]], dims: ModelDims,
+def megatron_to_hf(shards: Mapping[tuple[int, int, int], list[dict[str, torch.Tensor]]], dims: ModelDims,
                    layout: ParallelLayout) -> dict[str, torch.Tensor]:
-    """The HF state dict from every rank's chunks: `shards[(tp_rank, pp_rank)]` as hf_to_megatron returns them."""
+    """The HF state dict from every rank's chunks: `shards[(tp_rank, pp_rank, ep_rank)]` as hf_to_megatron returns
+    them."""
     out: dict[str, torch.Tensor] = {}
     for spec in param_specs(dims, layout.pp):
         if is_tied_copy(spec, dims):
             continue
         where = placement(spec, dims, layout)
-        local = spec.local_name(where.local_layer)
-        parts = [shards[(r, where.pp_rank)][where.chunk][local] for r in range(layout.tp)]
+        local = spec.local_name(where.local_layer, where.local_expert)
+        tp = layout.expert_tp if spec.expert is not None else layout.tp
+        parts = [shards[(r, where.pp_rank, where.ep_rank)][where.chunk][local] for r in range(tp)]
         out.update(split_to_hf(spec, tp_merge(spec.tp_split, parts), dims))
     return out

@@ -1,0 +1,53 @@
+"""Which Ray a run uses: the cluster it is pointed at (ray_kwargs.ray_init.address, else RAY_ADDRESS), joined without
+resource arguments (Ray refuses num_cpus when connecting: "num_cpus and num_gpus must not be provided"), or a
+private instance ("local": never a `ray start` cluster found on this machine). tests/e2e/test_ray_cluster.py runs
+the real thing against a `ray start` cluster."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from helpers.e2e import make_config
+from verlx.trainer.ray_startup import start_ray
+
+
+@pytest.fixture
+def ray_init_calls(monkeypatch):
+    import ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return calls
+
+
+def _config(tmp_path, *overrides):
+    return make_config(tmp_path, tmp_path, tmp_path, "trainer.n_gpus_per_node=3", *overrides)
+
+
+def test_private_instance_when_not_pointed_at_a_cluster(ray_init_calls, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="verlx"):
+        start_ray(_config(tmp_path, "ray_kwargs.ray_init.num_cpus=5"), use_gpu=False)
+    (kwargs,) = ray_init_calls
+    assert kwargs["address"] == "local" and kwargs["num_cpus"] == 5
+    assert "starting a private Ray instance with 5 CPUs" in caplog.text
+
+
+@pytest.mark.parametrize("source", ["env", "key"])
+def test_joining_passes_no_resources_and_says_where_the_address_came_from(ray_init_calls, tmp_path, caplog,
+                                                                         monkeypatch, source):
+    overrides = ["ray_kwargs.ray_init.num_cpus=5"]
+    if source == "env":
+        monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    else:
+        overrides.append("ray_kwargs.ray_init.address=10.0.0.1:6379")
+    with caplog.at_level(logging.INFO, logger="verlx"):
+        start_ray(_config(tmp_path, *overrides), use_gpu=True)
+    (kwargs,) = ray_init_calls
+    assert kwargs["address"] == "10.0.0.1:6379" and "num_cpus" not in kwargs and "num_gpus" not in kwargs
+    origin = "the RAY_ADDRESS environment variable" if source == "env" else "ray_kwargs.ray_init.address"
+    assert f"joining the Ray cluster at 10.0.0.1:6379 (from {origin})" in caplog.text
+    assert "ray_kwargs.ray_init.num_cpus=5 is ignored" in caplog.text
