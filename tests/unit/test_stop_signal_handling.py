@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from verlx.trainer.stop_signals import Interrupted, StopSignals
+from verlx.trainer.stop_signals import STOP_SIGNALS, Interrupted, StopSignals, stop_at_once
 
 
 def stops(save=True, timeout_s=None) -> StopSignals:
@@ -71,3 +71,15 @@ def test_a_safe_point_not_reached_in_time_stops_without_saving():
     assert info.value.exit_code == 143
     assert str(info.value).startswith("stopped on SIGTERM: no safe point was reached within "
                                       "trainer.save_on_signal_timeout_s=0.2s, so no checkpoint was saved.")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_command_outside_a_step_loop_stops_at_once_with_its_consequence(signum):
+    """Every command (main_generation, main_eval, main_ppo before its loop): the signal becomes Interrupted, so the
+    `finally` clean-ups run and the error path prints it, instead of a silent death (SIGTERM, SIGHUP)."""
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    with pytest.raises(Interrupted) as info, stop_at_once("; nothing was written"):
+        deliver(signum)
+    assert info.value.exit_code == 128 + signum
+    assert str(info.value) == f"stopped on {signal.Signals(signum).name}; nothing was written"
+    assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == before

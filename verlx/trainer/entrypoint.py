@@ -18,6 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from verlx.config.loader import CONFIG_DIR, build, check_override_keys, to_container, upgraded_overrides
+from verlx.trainer.stop_signals import stop_at_once
 from verlx.utils.errors import debug_enabled, reported_errors
 
 
@@ -45,13 +46,16 @@ def override_args(argv: list[str]) -> list[str]:
     return split_command_line(argv)[1]
 
 
-def hydra_command(config_name: str, schema: type, run: Callable) -> Callable[[], None]:
-    """A `main()` that composes `config_name`, builds `schema` from it and calls `run(config)`."""
+def hydra_command(config_name: str, schema: type, run: Callable, stopped: str = "") -> Callable[[], None]:
+    """A `main()` that composes `config_name`, builds `schema` from it and calls `run(config)`. A stop signal ends it
+    at once with 'stopped on SIGTERM' + `stopped` (what an interrupted run leaves); main_ppo's training loop
+    installs its own handlers, which save a checkpoint first."""
 
     @hydra.main(config_path=CONFIG_DIR, config_name=config_name, version_base=None)
     def _hydra_main(cfg: DictConfig) -> None:
         with reported_errors():  # inside Hydra's task: it would print a traceback of anything that escapes
-            run(build(schema, to_container(cfg)))
+            with stop_at_once(stopped):
+                run(build(schema, to_container(cfg)))
 
     def main() -> None:
         flags, overrides = split_command_line(sys.argv[1:])

@@ -119,6 +119,26 @@ class StopSignals:
 
 
 @contextlib.contextmanager
+def stop_at_once(consequence: str = "") -> Iterator[None]:
+    """A command's handlers outside a step loop: any of STOP_SIGNALS stops it at once through the error path (its
+    `finally` clean-ups run, the message says `consequence`, the exit code is 128 + the signal) instead of Python's
+    silent death on SIGTERM and SIGHUP. Only in the main thread, where handlers can be installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame) -> None:
+        raise Interrupted(signum, f"stopped on {signal_name(signum)}{consequence}")
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
 def signals_blocked_in_children(signums) -> Iterator[None]:
     """Processes (and threads) started inside inherit `signums` blocked: a signal to the whole process group
     reaches only the driver, which decides when they stop. SIGKILL still ends them, and each of Ray's exits when
