@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 import pytest
 import torch
@@ -135,3 +136,25 @@ def test_os_errors_are_named_with_their_errno():
             raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
     with pytest.raises(KeyError), storage_errors("x", "/y"):  # not a storage problem: left as it is
         raise KeyError("k")
+
+
+def test_metrics_and_generation_dumps_on_a_full_disk_name_the_file(tmp_path):
+    """Real ENOSPC: the files are links to /dev/full, where every write fails as on a full disk."""
+    from verlx.trainer.generation_dump import write_jsonl
+    from verlx.utils.tracking import JsonlLogger
+
+    os.symlink("/dev/full", tmp_path / "metrics.jsonl")
+    metrics = JsonlLogger("p", "e", {}, str(tmp_path))
+    with pytest.raises(StorageError) as info:
+        metrics.log({"actor/pg_loss": 0.5}, step=1)
+    metrics.finish()
+    assert re.fullmatch(rf"cannot write the metrics {tmp_path}/metrics\.jsonl: No space left on device \(ENOSPC\); "
+                        r"[\d.]+ MiB free on that file system\. Free space, or set trainer\.output_dir elsewhere",
+                        str(info.value)), str(info.value)
+
+    dump = tmp_path / "dump" / "3.jsonl"
+    dump.parent.mkdir()
+    os.symlink("/dev/full", f"{dump}.tmp")
+    with pytest.raises(StorageError, match=rf"^cannot write the generation dump {dump}: No space left on device "):
+        write_jsonl(str(dump), [{"response": "x" * 100}])
+    assert not dump.exists()  # never a half-written dump under the real name
