@@ -134,6 +134,8 @@ def main_ppo_here(monkeypatch, tmp_path, capfd):
 
     from verlx.trainer import main_ppo
 
+    if ray.is_initialized():  # left by an earlier test: the cases must show that they stop before Ray starts
+        ray.shutdown()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     monkeypatch.chdir(tmp_path)  # Hydra's outputs/ folder
