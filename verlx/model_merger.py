@@ -15,6 +15,7 @@ import sys
 import torch
 
 from verlx.utils.dtypes import torch_dtype
+from verlx.utils.errors import reported_errors
 from verlx.utils.paths import expand_path
 
 HF_SUBDIR = "huggingface"
@@ -114,4 +115,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with reported_errors():  # anything unexpected: a message, its traceback in a file (verlx.utils.errors)
+        sys.exit(main())

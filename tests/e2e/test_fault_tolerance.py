@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import time
 
 import pytest
 
-from helpers.e2e import make_config, read_metrics
-from verlx.single_controller import PhaseTimeoutError, WorkerCallError, WorkerDiedError
+from helpers.e2e import e2e_overrides, make_config, read_metrics
+from helpers.stop_signals import send, session_processes, start_in_own_session, wait_for_lines, wait_gone
+from verlx.single_controller import PhaseTimeoutError, WorkerDiedError
 from verlx.trainer import checkpointing
 from verlx.trainer.main_ppo import run_ppo
+from verlx.utils.errors import StorageError
 
 COMPARED = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "response_length/mean",
             "actor/kl_loss")
 
 
+GRPO = ("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.entropy_coeff=0.01", "trainer.total_training_steps=4", "trainer.save_freq=2")
+
+
 def grpo_config(model_dir, data_dir, out_dir, *extra):
-    return make_config(model_dir, data_dir, out_dir, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
-                       "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.entropy_coeff=0.01",
-                       "trainer.total_training_steps=4", "trainer.save_freq=2", *extra)
+    return make_config(model_dir, data_dir, out_dir, *GRPO, *extra)
 
 
 def last_row(out_dir):
@@ -88,9 +94,13 @@ def test_full_disk_keeps_previous_checkpoint_and_resumes_from_it(ray_cpu, tiny_m
     cfg = grpo_config(tiny_model_dir, arithmetic_data_dir, tmp_path,
                       "actor_rollout_ref.rollout.name=helpers.faulty_engines:DiskFullEngine",
                       "+actor_rollout_ref.rollout.engine_kwargs.custom.full_at_step=3")
-    with pytest.raises(WorkerCallError, match="No space left on device"):
+    with pytest.raises(StorageError) as info:
         run_ppo(cfg)
     root = f"{tmp_path}/ckpt"
+    message = str(info.value)  # the path, the OS error, the free space, the checkpoint a resume uses
+    assert re.search(rf"^cannot write the actor checkpoint {root}/\.tmp-global_step_4-\S+/actor: No space left on "
+                     r"device \(simulated\) \(ENOSPC\); [\d.]+ MiB free on that file system\. ", message), message
+    assert f"The last complete checkpoint is {root}/global_step_2 (step 2); running the same command" in message
     assert checkpointing.complete_steps(root) == [2]
     assert checkpointing.missing_files(checkpointing.step_dir(root, 2), use_critic=False) == []
     assert any(name.startswith(".tmp-global_step_4") for name in os.listdir(root))  # the failed write
@@ -140,3 +150,29 @@ def test_resume_with_another_world_size(ray_cpu, tiny_model_dir, arithmetic_data
     run_ppo(make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, *common, "trainer.total_training_steps=2",
                         "trainer.n_gpus_per_node=1"))  # saved by 2 ranks, resharded onto 1
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_sigterm_saves_stops_every_process_and_resume_matches_uninterrupted(uninterrupted, tiny_model_dir,
+                                                                           arithmetic_data_dir, tmp_path):
+    """SIGTERM to the driver (a scheduler, `kill`): the running step finishes, a checkpoint is saved, the workers,
+    the reward scorers and Ray are gone within seconds, the exit code is 143; resuming ends where an
+    uninterrupted run does."""
+    args = e2e_overrides(tiny_model_dir, arithmetic_data_dir, tmp_path, *GRPO, "reward.num_workers=2")
+    driver = start_in_own_session("verlx.trainer.main_ppo", args, tmp_path)
+    wait_for_lines(f"{tmp_path}/metrics.jsonl", 1, driver)
+    running = session_processes(driver.pid)
+    assert len(running) >= 6  # driver, Ray's GCS and raylet, 2 workers, 2 reward scorers (at least)
+    send(driver, signal.SIGTERM)
+    output = driver.communicate(timeout=180)[0]
+    assert driver.returncode == 128 + signal.SIGTERM, output[-4000:]
+    assert wait_gone(driver.pid, timeout_s=20) == []
+    assert "SIGTERM received: finishing the running step, then saving a checkpoint" in output
+    assert "Traceback" not in output and "HYDRA_FULL_ERROR" not in output
+    stopped = int(re.search(r"stopped on SIGTERM after step (\d+): its checkpoint is (\S+)\.", output).group(1))
+    assert stopped in (1, 2, 3)
+    assert checkpointing.complete_steps(f"{tmp_path}/ckpt")[-1] == stopped
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, stopped + 1))
+    run_ppo(grpo_config(tiny_model_dir, arithmetic_data_dir, tmp_path))
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert_same_final(rows[-1], uninterrupted)

@@ -121,6 +121,17 @@ def test_unknown_override_suggests_the_key():
     assert "unknown key 'trainer.n_gpu_per_node'. Did you mean 'n_gpus_per_node'?" in text
 
 
+def test_a_key_in_the_wrong_section_is_pointed_to_where_it_is():
+    with pytest.raises(ConfigError) as info:
+        check_override_keys(["+reward.custom_reward_function.path=r.py", "reward.lr=1", "trainer.foo=1"])
+    problems = info.value.problems
+    assert problems[0].endswith("'custom_reward_function' is at custom_reward_function: did you mean "
+                                "custom_reward_function.path=...?")
+    assert problems[1].endswith("'lr' is at actor_rollout_ref.actor.optim.lr and critic.optim.lr: did you mean "
+                                "actor_rollout_ref.actor.optim.lr=...?")
+    assert problems[2] == "unknown key 'trainer.foo'."
+
+
 def test_free_form_sections_accept_any_key():
     check_override_keys(["+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
                          "+custom_reward_function.reward_kwargs.strict=true"])

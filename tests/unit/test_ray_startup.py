@@ -6,11 +6,14 @@ the real thing against a `ray start` cluster."""
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 
 import pytest
 
 from helpers.e2e import make_config
 from verlx.trainer.ray_startup import start_ray
+from verlx.trainer.stop_signals import stop_at_once
 
 
 @pytest.fixture
@@ -51,3 +54,18 @@ def test_joining_passes_no_resources_and_says_where_the_address_came_from(ray_in
     origin = "the RAY_ADDRESS environment variable" if source == "env" else "ray_kwargs.ray_init.address"
     assert f"joining the Ray cluster at 10.0.0.1:6379 (from {origin})" in caplog.text
     assert "ray_kwargs.ray_init.num_cpus=5 is ignored" in caplog.text
+
+
+def test_the_commands_sigterm_handler_survives_ray_init(ray_init_calls, monkeypatch, tmp_path):
+    """ray.init installs sys.exit(15) for SIGTERM (a silent exit 15); the command's handler must stay."""
+    import ray
+
+    def ray_init(**kwargs):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # as ray.init does
+        ray_init_calls.append(kwargs)
+
+    monkeypatch.setattr(ray, "init", ray_init)
+    with stop_at_once():
+        own = signal.getsignal(signal.SIGTERM)
+        start_ray(_config(tmp_path), use_gpu=False)
+        assert signal.getsignal(signal.SIGTERM) is own and len(ray_init_calls) == 1

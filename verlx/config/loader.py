@@ -10,6 +10,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, Union
 
+from verlx.utils.errors import InputError
 from verlx.utils.registry import did_you_mean
 
 T = TypeVar("T")
@@ -17,12 +18,12 @@ logger = logging.getLogger(__name__)
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-class DataError(ValueError):
+class DataError(InputError, ValueError):
     """A problem with an input file or its rows: the message names the file (and row where known) and what to do.
     Entry points report it like a ConfigError: the message alone, exit status 2."""
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError, ValueError):
     """Every problem found in a config, each naming its key."""
 
     def __init__(self, problems: Sequence[str]):
@@ -79,7 +80,7 @@ def _build_dataclass(cls, data: Mapping[str, Any], path: str, problems: list[str
 
 
 def _list_keys(path: str, names: list[str]) -> str:
-    return f" Keys under '{path or '<root>'}': {', '.join(names)}" if len(names) <= 12 else ""
+    return f" Keys under '{path or '<root>'}': {', '.join(names)}." if len(names) <= 12 else ""
 
 
 def _type_name(tp) -> str:
@@ -198,6 +199,39 @@ def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_traine
 
 def _unknown_key_problem(cls, parts: list[str], assigns_value: bool = False) -> str | None:
     """Why `parts` is no key of `cls`, or (`assigns_value`) names a section rather than a value; None when fine."""
+    problem = _unknown_key_text(cls, parts, assigns_value)
+    if problem is None or not problem.startswith("unknown key '"):
+        return problem
+    depth = problem[len("unknown key '"):].split("'")[0].count(".")  # the first part that is no key
+    return problem + _found_elsewhere(cls, parts, depth)
+
+
+def _found_elsewhere(cls, parts: list[str], depth: int) -> str:
+    """A key put in the wrong section (reward.custom_reward_function.path): where the schema has it instead."""
+    places = _paths_of(cls, parts[depth])[:3]
+    if not places:
+        return ""
+    example = ".".join([places[0], *parts[depth + 1:]])
+    return f" '{parts[depth]}' is at {' and '.join(places)}: did you mean {example}=...?"
+
+
+def _paths_of(cls, name: str, prefix: str = "", depth: int = 0) -> list[str]:
+    """The dotted paths of every key called `name` in the dataclass `cls` (3 levels deep)."""
+    found = []
+    for field, tp in typing.get_type_hints(cls).items():
+        if field not in {f.name for f in dataclasses.fields(cls)}:
+            continue
+        dotted = f"{prefix}{field}"
+        if field == name:
+            found.append(dotted)
+        while typing.get_origin(tp) in (Union, types.UnionType):
+            tp = next(o for o in typing.get_args(tp) if o is not type(None))
+        if dataclasses.is_dataclass(tp) and depth < 3:
+            found += _paths_of(tp, name, dotted + ".", depth + 1)
+    return found
+
+
+def _unknown_key_text(cls, parts: list[str], assigns_value: bool) -> str | None:
     tp: Any = cls
     for depth, part in enumerate(parts):
         while typing.get_origin(tp) in (Union, types.UnionType):

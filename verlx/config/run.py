@@ -168,6 +168,8 @@ class TrainerConfig:
     phase_timeout_s: float | None = 3600
     phase_timeouts: dict[str, float] = field(default_factory=dict)
     max_restarts: int = 0
+    save_on_signal: bool = True
+    save_on_signal_timeout_s: float | None = 600
     max_consecutive_nonfinite_updates: int = 3
     progress_bar: bool = True
     compile_cache_dir: str | None = "~/.cache/verlx/compile"

@@ -67,6 +67,8 @@ class SFTTrainerConfig:
     device: str = "auto"
     nnodes: int | None = None
     n_gpus_per_node: int | None = None
+    save_on_signal: bool = True
+    save_on_signal_timeout_s: float | None = 600
 
     @property
     def loggers(self) -> list[str]:

@@ -173,6 +173,7 @@ class RLHFDataset:
                 f"longer than data.max_prompt_length={self.max_prompt_length} dropped"
             )
         self._store(columns, good, texts, ids)
+        self._origins = [origins[i] for i in good]
         self._report(len(origins))
 
     def _tokenize(self, conversations: list) -> tuple[list[str], list[list[int]]]:
@@ -261,6 +262,10 @@ class RLHFDataset:
     def prompt_lengths(self) -> np.ndarray:
         """Token count of every kept prompt (after truncation)."""
         return self._lengths.copy()
+
+    def origin(self, i: int) -> tuple[str, int]:
+        """(file, row in that file) of kept row `i`, for messages about a row."""
+        return self._origins[i]
 
     def column(self, key: str) -> np.ndarray | None:
         """A non-tensor column of the kept rows (e.g. agent_name), None when the files have no such column."""

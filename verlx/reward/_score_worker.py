@@ -35,7 +35,8 @@ def _describe_unsendable(value, error: Exception) -> str:
 
 
 def serve(fd: int, parent_pid: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it closes the pool
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the driver's to handle (sent to the process
+        signal.signal(signum, signal.SIG_IGN)  # group by Ctrl-C, `timeout`, a closed terminal); it closes the pool
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     conn = Connection(fd)
     _, sys_path, payload = conn.recv()

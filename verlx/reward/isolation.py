@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import verlx
+from verlx.utils.errors import VerlxError
 
 _VERLX_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(verlx.__file__)))
 _WORKER_MAIN = "import sys; from verlx.reward._score_worker import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
@@ -54,7 +55,7 @@ class ScoreOutcome:
         return self.status == "ok"
 
 
-class WorkerStartError(RuntimeError):
+class WorkerStartError(VerlxError, RuntimeError):
     """A scoring process could not load the reward function."""
 
 

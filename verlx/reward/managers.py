@@ -25,6 +25,7 @@ from verlx.protocol import DataProto
 from verlx.reward.isolation import ScoreOutcome, ScorePool
 from verlx.reward.loading import load_reward_function
 from verlx.reward.scores import default_compute_score
+from verlx.utils.errors import VerlxError
 from verlx.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ PURPOSES = {
 }
 
 
-class RewardFailure(RuntimeError):
+class RewardFailure(VerlxError, RuntimeError):
     """Too many reward computations of one batch failed to trust the rewards."""
 
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from verlx.utils.errors import InputError
+
 logger = logging.getLogger(__name__)
 _warned_untested: set[str] = set()
 
 
-class UnsupportedEngineVersion(RuntimeError):
+class UnsupportedEngineVersion(InputError, RuntimeError):
     """The installed engine package is outside the release range the adapter was written for."""
 
 

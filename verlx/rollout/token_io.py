@@ -15,12 +15,13 @@ import torch
 
 from verlx.protocol import DataProto
 from verlx.rollout.base import build_rollout_batch
+from verlx.utils.errors import VerlxError
 
 #: finish reasons every engine reports for a completed sample
 FINISHED = ("stop", "length")
 
 
-class EngineGenerationError(RuntimeError):
+class EngineGenerationError(VerlxError, RuntimeError):
     """The engine returned something other than a completed sample for every request."""
 
 

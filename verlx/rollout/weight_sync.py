@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from verlx.utils.dtypes import torch_dtype
+from verlx.utils.errors import VerlxError
 
 # Wrapper prefixes that FSDP, torch.compile, activation checkpointing and PEFT put into parameter names.
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
@@ -18,7 +19,7 @@ _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_mo
 _NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(VerlxError, RuntimeError):
     """An engine reported that it did not take a weight update."""
 
     def __init__(self, engine: str, names: list[str], message: str):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+from verlx.utils.errors import VerlxError
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-class WorkerGroupError(RuntimeError):
+class WorkerGroupError(VerlxError, RuntimeError):
     """Base class: something went wrong inside a worker group call."""
 
 
@@ -18,6 +20,31 @@ class WorkerCallError(WorkerGroupError):
         remote_traceback = _ANSI.sub("", remote_traceback)
         self.group, self.method, self.rank, self.remote_traceback = group, method, rank, remote_traceback
         super().__init__(f"{group}.{method} raised on rank {rank}:\n{remote_traceback}")
+
+    @property
+    def exit_code(self) -> int:
+        cause = self.__cause__
+        return cause.exit_code if isinstance(cause, VerlxError) else 1
+
+    def summary(self) -> str:
+        """The worker's own message when it raised a VerlxError, else the exception lines of its traceback."""
+        cause = self.__cause__
+        text = cause.summary() if isinstance(cause, VerlxError) else exception_lines(self.remote_traceback)
+        return f"{self.group}.{self.method} failed on rank {self.rank}: {text}"
+
+    def details(self) -> str:
+        return self.remote_traceback
+
+
+def exception_lines(formatted_traceback: str) -> str:
+    """The exception's own lines of a formatted traceback: what follows its last frame (and the frame's source
+    lines), e.g. 'ValueError: Invalid learning rate: -0.001' and any note after it."""
+    lines = formatted_traceback.rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    start = frames[-1] + 1 if frames else 0
+    while start < len(lines) and lines[start].startswith((" ", "\t")):
+        start += 1
+    return "\n".join(lines[start:]).strip() or formatted_traceback.strip()
 
 
 class WorkerDiedError(WorkerGroupError):
@@ -41,3 +68,11 @@ class PhaseTimeoutError(WorkerGroupError):
         for rank in running_ranks:
             parts.append(f"--- rank {rank} stack ---\n{stacks.get(rank, '(no stack available)')}")
         super().__init__("\n".join(parts))
+
+    def summary(self) -> str:
+        return (f"{self.group}.{self.method} did not finish within {self.timeout_s:g}s (trainer.phase_timeout_s or "
+                f"trainer.phase_timeouts.{self.method}); ranks still running: {self.running_ranks}; their stacks "
+                "show where they are")
+
+    def details(self) -> str:
+        return str(self)

@@ -8,6 +8,7 @@ the newest directory to the newest intact one, naming what is wrong with each on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,7 +19,9 @@ import time
 import torch
 
 from verlx.config.loader import ConfigError
+from verlx.single_controller.errors import WorkerCallError
 from verlx.trainer.checkpoint_manifest import has_manifest, verify_manifest, write_manifest
+from verlx.utils.errors import StorageError, is_storage_error
 from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
@@ -110,6 +113,37 @@ def resolve_resume_path(trainer_cfg) -> str | None:
                            f"{problem}. Restore those files, or resume from another checkpoint "
                            "(trainer.resume_mode=auto picks the newest intact one in trainer.default_local_dir)"])
     return path
+
+
+def last_checkpoint_sentence(root: str) -> str:
+    """Where a resumed run would continue: the newest complete checkpoint under `root`, or the beginning."""
+    steps = complete_steps(root)
+    if steps:
+        return (f"The last complete checkpoint is {step_dir(root, steps[-1])} (step {steps[-1]}); running the same "
+                "command again resumes from it.")
+    return (f"No checkpoint is complete in trainer.default_local_dir={root} yet; running the same command again "
+            "starts from the beginning.")
+
+
+@contextlib.contextmanager
+def save_errors(root: str, tmp_dir: str):
+    """A save that fails for lack of space or another OS error (in the driver or in a worker) ends the run with a
+    StorageError naming the path, the OS error, the free space and the checkpoint that resuming would use; the
+    unfinished directory keeps its temporary name, so it is never taken as a checkpoint."""
+    remedy = (f"{last_checkpoint_sentence(root)} The unfinished save {tmp_dir} is not a checkpoint (resume ignores "
+              "it and the next run deletes it). Free space, or point trainer.default_local_dir at another disk")
+    try:
+        yield
+    except WorkerCallError as e:
+        if not isinstance(e.__cause__, StorageError):
+            raise
+        raise StorageError(f"{e.__cause__} {remedy}.") from e
+    except StorageError as e:
+        raise StorageError(f"{e} {remedy}.") from e
+    except Exception as e:
+        if not is_storage_error(e):
+            raise
+        raise StorageError.writing("the checkpoint", tmp_dir, e, remedy) from e
 
 
 def write_driver_state(tmp_dir: str, state: dict, config_dict: dict) -> None:

@@ -8,6 +8,7 @@ import os
 import torch
 
 from verlx.protocol import DataProto
+from verlx.utils.errors import storage_errors
 from verlx.utils.paths import expand_path
 
 
@@ -61,13 +62,16 @@ def _policy_versions(batch: DataProto) -> list[dict] | None:
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:
-    """Written under a temporary name and renamed, so a reader never sees half a file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Written under a temporary name and renamed, so a reader never sees half a file; a failed write is a
+    StorageError naming the file."""
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
+    with storage_errors("the generation dump", path, "Free space, or set the dump directory (trainer.rollout_data_dir "
+                        "/ trainer.validation_data_dir) elsewhere or to null"):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        os.replace(tmp, path)
 
 
 def dump_generations(directory: str, step: int, batch: DataProto, tokenizer) -> str:

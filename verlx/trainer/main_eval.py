@@ -168,7 +168,8 @@ def run_eval(config: EvaluationConfig) -> dict:
     return payload
 
 
-main = hydra_command("evaluation", EvaluationConfig, run_eval)
+main = hydra_command("evaluation", EvaluationConfig, run_eval,
+                     stopped="; nothing was written (the report is written once every response is scored)")
 
 if __name__ == "__main__":
     main()

@@ -257,7 +257,8 @@ def run_generation(config: GenerationConfig) -> str:
     return output
 
 
-main = hydra_command("generation", GenerationConfig, run_generation)
+main = hydra_command("generation", GenerationConfig, run_generation,
+                     stopped="; nothing was written (the output file is written once every response is generated)")
 
 if __name__ == "__main__":
     main()

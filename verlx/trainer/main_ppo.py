@@ -5,17 +5,24 @@ Everything that can be wrong with the input is checked here, before Ray starts o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from verlx.config.loader import ConfigError
 from verlx.config.schema import PPOConfig
-from verlx.reward.managers import RewardFailure
-from verlx.single_controller.errors import WorkerDiedError, WorkerGroupError
+from verlx.single_controller.errors import WorkerDiedError
+from verlx.trainer.checkpointing import last_checkpoint_sentence
 from verlx.trainer.entrypoint import hydra_command
+from verlx.trainer.output_dirs import prepare_output_dirs
 from verlx.trainer.preflight import uses_critic_if_known, validate
 from verlx.trainer.ray_startup import start_ray, use_gpus
-from verlx.trainer.resume import NothingToDo, stop_if_finished
+from verlx.trainer.resume import stop_if_finished
+from verlx.trainer.reward_columns import check_reward_columns
+from verlx.trainer.run_lock import RunLock
+from verlx.trainer.stop_signals import STOP_SIGNALS, Interrupted, StopSignals, signal_name, signals_blocked_in_children
 from verlx.trainer.verl_mappings import apply_verl_mappings
+from verlx.utils.errors import input_errors
+from verlx.utils.paths import expand_path
 
 logger = logging.getLogger("verlx")
 
@@ -57,6 +64,7 @@ def prepare(config: PPOConfig):
     use_gpu = use_gpus(config)
     resolve_hub_models(config)
     validate(config)
+    prepare_output_dirs(config)
     for note in apply_verl_mappings(config):  # veRL keys served by verlx features of other names, said once
         logger.info(note)
     rollout = config.actor_rollout_ref.rollout
@@ -68,6 +76,7 @@ def prepare(config: PPOConfig):
                                "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path"))
     train_loader, val_loader = build_dataloaders(config, tokenizer)
     check_agent_data(config, tokenizer, train_loader, val_loader)
+    check_reward_columns(config, train_loader.dataset, val_loader.dataset if val_loader is not None else None)
     reward_fn = build_reward_manager(config, tokenizer)
     return use_gpu, tokenizer, train_loader, val_loader, reward_fn
 
@@ -84,18 +93,47 @@ def check_agent_data(config: PPOConfig, tokenizer, train_loader, val_loader) -> 
 
 
 def run_ppo(config: PPOConfig) -> dict[str, float]:
-    """Train; the checkpoint to resume from is picked, verified and compared with this config before Ray starts."""
+    """Train. Before Ray starts: the input is checked, the output directories are created, the checkpoint directory
+    is locked, and the checkpoint to resume from is picked, verified and compared with this config."""
     from verlx.trainer.ppo_trainer import RayPPOTrainer
 
-    use_gpu, tokenizer, train_loader, val_loader, reward_fn = prepare(config)
+    with input_errors("found checking the input before Ray started"):
+        use_gpu, tokenizer, train_loader, val_loader, reward_fn = prepare(config)
     try:
-        trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, reward_fn, use_gpu)
-        if stop_if_finished(trainer.plan_resume(), config.trainer, trainer.total_steps):
-            return {}
-        start_ray(config, use_gpu)
-        return _train_with_restarts(trainer, config)
+        root = expand_path(config.trainer.default_local_dir, absolute=True)
+        with RunLock(root):  # before plan_resume, which deletes unfinished saves
+            with input_errors("found checking the input before Ray started"):
+                trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, reward_fn, use_gpu)
+                finished = stop_if_finished(trainer.plan_resume(), config.trainer, trainer.total_steps)
+            if finished:
+                return {}
+            # the handlers after ray.init, which installs its own
+            with own_ray(config, use_gpu), stop_signals(config, root) as trainer.stop:
+                return _train_with_restarts(trainer, config)
     finally:
         reward_fn.close()
+
+
+def stop_signals(config: PPOConfig, root: str) -> StopSignals:
+    t = config.trainer
+    return StopSignals(t.save_on_signal, t.save_on_signal_timeout_s, lambda: last_checkpoint_sentence(root))
+
+
+@contextlib.contextmanager
+def own_ray(config: PPOConfig, use_gpu: bool):
+    """Ray for the run; one that this run starts is shut down with it (its processes gone before the exit), and its
+    processes do not take the stop signals sent to the whole process group (`timeout`, a closed terminal): the
+    driver stops them after its last checkpoint (trainer/stop_signals.py)."""
+    import ray
+
+    started = not ray.is_initialized()
+    with signals_blocked_in_children(STOP_SIGNALS):
+        start_ray(config, use_gpu)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _train_with_restarts(trainer, config: PPOConfig) -> dict[str, float]:
@@ -106,6 +144,10 @@ def _train_with_restarts(trainer, config: PPOConfig) -> dict[str, float]:
                 trainer.init_workers()
                 return trainer.fit()
             except WorkerDiedError as e:
+                if trainer.stop.requested:  # the signal reached the workers too (sent to the process group)
+                    raise Interrupted(trainer.stop.signum, f"stopped on {signal_name(trainer.stop.signum)}: the "
+                                      f"workers were stopped by it too ({e}), so no checkpoint could be saved. "
+                                      f"{trainer.stop.last_checkpoint()}") from None
                 if restarts >= config.trainer.max_restarts:
                     raise
                 restarts += 1
@@ -116,16 +158,7 @@ def _train_with_restarts(trainer, config: PPOConfig) -> dict[str, float]:
         trainer.shutdown()
 
 
-def _run_failures() -> tuple[type[BaseException], ...]:
-    """Failures reported as one message (exit 1) instead of a traceback."""
-    from verlx.trainer.invariants import InvariantError
-    from verlx.trainer.rollout_modes.pipeline import RolloutStalled
-    from verlx.trainer.rollout_modes.staleness import StalenessError
-
-    return WorkerGroupError, RewardFailure, NothingToDo, InvariantError, RolloutStalled, StalenessError
-
-
-main = hydra_command("ppo_trainer", PPOConfig, run_ppo, failures=_run_failures())
+main = hydra_command("ppo_trainer", PPOConfig, run_ppo)
 
 if __name__ == "__main__":
     main()

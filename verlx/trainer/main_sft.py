@@ -9,10 +9,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from verlx.config.loader import ConfigError, DataError, build, load_yaml, to_container
+from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.sft import SFTConfig
 from verlx.trainer.preflight_sft import validate_sft
 from verlx.utils.distributed import free_port
+from verlx.utils.errors import reported_errors
 
 
 def load_sft_config(overrides: Sequence[str] = ()) -> SFTConfig:
@@ -60,12 +61,10 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Config and data errors print their message alone and exit with 2 (on every rank that finds them)."""
-    try:
+    """Errors print their message alone (verlx.utils.errors): config and data errors exit with 2 (on every rank that
+    finds them), a signal with 128 + its number."""
+    with reported_errors():
         run_sft(load_sft_config(sys.argv[1:] if argv is None else argv))
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

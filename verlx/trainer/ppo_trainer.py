@@ -26,7 +26,12 @@ from verlx.single_controller.ray import (
 )
 from verlx.trainer import checkpointing
 from verlx.trainer.generation_dump import dump_generations
-from verlx.trainer.invariants import check_on_policy, on_policy_tolerance
+from verlx.trainer.invariants import (
+    check_finite_log_probs,
+    check_on_policy,
+    check_weights_after_skipped_updates,
+    on_policy_tolerance,
+)
 from verlx.trainer.metrics import compute_data_metrics
 from verlx.trainer.old_log_prob import old_log_prob_phase
 from verlx.trainer.perf_metrics import (
@@ -39,6 +44,7 @@ from verlx.trainer.resume import ResumePoint, plan_resume
 from verlx.trainer.reward_scoring import RewardScorer
 from verlx.trainer.reward_signal import RewardSignalMonitor
 from verlx.trainer.rollout_modes.staleness import staleness_metrics, stamp
+from verlx.trainer.stop_signals import NoStopSignals, StopSignals
 from verlx.trainer.validation import Validator
 from verlx.utils.paths import expand_path
 from verlx.utils.seqlen_balancing import balance_batch
@@ -83,6 +89,7 @@ class RayPPOTrainer:
         self.rollout_group = self.pipeline = None
         self.scorer, self.val_scorer = RewardScorer(config, reward_fn), RewardScorer(config, val_reward_fn)
         self.profiles_steps = profile_plan(config) is not None  # the workers are told each step's number
+        self.stop: StopSignals = NoStopSignals()  # main_ppo installs the signal handlers
         self.reward_signal = RewardSignalMonitor(
             lambda source: describe_reward_function(config.custom_reward_function, source), config.data.reward_fn_key)
 
@@ -156,15 +163,16 @@ class RayPPOTrainer:
     def save_checkpoint(self) -> str:
         t = self.config.trainer
         root = expand_path(t.default_local_dir, absolute=True)
-        os.makedirs(root, exist_ok=True)
         tmp = checkpointing.temp_step_dir(root, self.global_step)
-        self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"))
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"))
-        state = {"global_step": self.global_step, "dataloader": self._consumed_loader_state(),
-                 "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
-        checkpointing.write_driver_state(tmp, state, dataclasses.asdict(self.config))
-        final = checkpointing.finalize(tmp, root, self.global_step, self.use_critic)
+        with checkpointing.save_errors(root, tmp):
+            os.makedirs(root, exist_ok=True)
+            self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"))
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"))
+            state = {"global_step": self.global_step, "dataloader": self._consumed_loader_state(),
+                     "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
+            checkpointing.write_driver_state(tmp, state, dataclasses.asdict(self.config))
+            final = checkpointing.finalize(tmp, root, self.global_step, self.use_critic)
         checkpointing.prune(root, t.max_actor_ckpt_to_keep, newest=self.global_step)
         return final
 
@@ -206,35 +214,45 @@ class RayPPOTrainer:
             progress = _progress_bar(self.total_steps, self.global_step, t.progress_bar)
             batches = self._endless_batches()
             self.pipeline = self._start_pipeline(batches)
-            while self.global_step < self.total_steps:
-                if self.profiles_steps:  # global_profiler.steps (workers/profile_plan.py)
-                    self.actor_rollout_wg.set_profile_step(self.global_step + 1)
-                if self.pipeline is None:
-                    batch = next(batches)
-                    self.global_step += 1
-                    metrics = self.train_step(batch, batches)
-                else:
-                    self.global_step += 1
-                    metrics = self.train_step(None, generated=self.pipeline.next())
-                last_step = self.global_step >= self.total_steps
-                if self.val_loader is not None and t.test_freq > 0 and (
-                        self.global_step % t.test_freq == 0 or last_step):
-                    with timed("testing", timing := {}), self._rollout_paused():
-                        metrics.update(validator.run(self.val_loader))
-                    metrics.update(compute_timing_metrics(timing, {"response": 0, "all": 0, "prompt": 0}))
-                if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last_step):
-                    with timed("save_checkpoint", timing := {}):
-                        self.save_checkpoint()
-                    metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
-                metrics["training/global_step"] = self.global_step
-                metrics["training/epoch"] = self._consumed_loader_state()["sampler"]["epoch"]
-                tracker.log(metrics, step=self.global_step)
-                last_metrics = metrics
-                if progress is not None:
-                    progress.update(1)
+            with self.stop.step_loop():
+                while self.global_step < self.total_steps:
+                    if self.profiles_steps:  # global_profiler.steps (workers/profile_plan.py)
+                        self.actor_rollout_wg.set_profile_step(self.global_step + 1)
+                    if self.pipeline is None:
+                        batch = next(batches)
+                        self.global_step += 1
+                        metrics = self.train_step(batch, batches)
+                    else:
+                        self.global_step += 1
+                        metrics = self.train_step(None, generated=self.pipeline.next())
+                    last_step = self.global_step >= self.total_steps
+                    if self.val_loader is not None and t.test_freq > 0 and (
+                            self.global_step % t.test_freq == 0 or last_step):
+                        with timed("testing", timing := {}), self._rollout_paused():
+                            metrics.update(validator.run(self.val_loader))
+                        metrics.update(compute_timing_metrics(timing, {"response": 0, "all": 0, "prompt": 0}))
+                    saved = self._save_if_due(metrics, last_step)
+                    metrics["training/global_step"] = self.global_step
+                    metrics["training/epoch"] = self._consumed_loader_state()["sampler"]["epoch"]
+                    tracker.log(metrics, step=self.global_step)
+                    last_metrics = metrics
+                    if progress is not None:
+                        progress.update(1)
+                    if not last_step:  # a signal's safe point (trainer/stop_signals.py)
+                        self.stop.stop_point(self.global_step, saved, self.save_checkpoint)
         finally:
             tracker.finish()
         return last_metrics
+
+    def _save_if_due(self, metrics: dict, last_step: bool) -> str | None:
+        """Save at trainer.save_freq, at the last step, and when a signal asked to stop; the path, or None."""
+        t = self.config.trainer
+        if not (t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last_step)) and not self.stop.requested:
+            return None
+        with timed("save_checkpoint", timing := {}):
+            path = self.save_checkpoint()
+        metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+        return path
 
     def _start_pipeline(self, batches):
         """one_step_off / async: the generation pipeline on the rollout group, and trainer views that advance it
@@ -280,6 +298,8 @@ class RayPPOTrainer:
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.world_size))
             correction = old_log_prob_phase(cfg, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, metrics, timing)
+            check_finite_log_probs(batch.batch["old_log_probs"], batch.batch["response_mask"], self.global_step,
+                                   cfg.actor_rollout_ref.actor.optim.lr)
             metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
                                              generated.dropped if generated is not None else 0))
             if self.use_reference:
@@ -306,13 +326,7 @@ class RayPPOTrainer:
                     out = self.critic_wg.update_critic(batch.select([*LOG_PROB_INPUTS, "values", "returns"], [], []))
                     metrics.update(out.meta_info["metrics"])
             if self.global_step > cfg.trainer.critic_warmup:
-                with timed("update_actor", timing):
-                    out = self.actor_rollout_wg.update_actor(self._actor_inputs(batch, correction))
-                    metrics.update(out.meta_info["metrics"])
-                    if self.pipeline is not None:  # when the trainer worker ran it: overlap with generation shows
-                        start, end = out.meta_info["wall_clock"]
-                        metrics.update({"timestamp/update_actor_start": start, "timestamp/update_actor_end": end})
-                check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
+                self._update_actor(batch, correction, metrics, timing)
             self.policy_version = self.global_step
             if self.pipeline is not None:
                 self.pipeline.pump()  # the new weights can go to the rollout group now
@@ -327,6 +341,19 @@ class RayPPOTrainer:
         metrics.update(step_memory_peak(metrics))
         self.train_loader.after_step(batch)  # a curriculum sampler (data.sampler) learns from the step's batch
         return metrics
+
+    def _update_actor(self, batch: DataProto, correction, metrics: dict, timing: dict) -> None:
+        """The actor update, then the checks of what it did (trainer/invariants.py)."""
+        cfg = self.config
+        with timed("update_actor", timing):
+            out = self.actor_rollout_wg.update_actor(self._actor_inputs(batch, correction))
+            metrics.update(out.meta_info["metrics"])
+            if self.pipeline is not None:  # when the trainer worker ran it: overlap with generation shows
+                start, end = out.meta_info["wall_clock"]
+                metrics.update({"timestamp/update_actor_start": start, "timestamp/update_actor_end": end})
+        check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
+        check_weights_after_skipped_updates(metrics, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, self.world_size,
+                                            self.global_step, cfg.actor_rollout_ref.actor.optim.lr)
 
     def _expand(self, batch: DataProto) -> DataProto:
         """uid per prompt, n samples each (interleaved)."""

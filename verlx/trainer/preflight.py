@@ -13,9 +13,12 @@ from types import SimpleNamespace
 
 from verlx.algorithms.advantages import uses_critic
 from verlx.config.loader import ConfigError, Findings
+from verlx.config.ranges import PPO_RANGES, range_problems
 from verlx.config.roles import ROLLOUT_DTYPES
 from verlx.config.run import RESUME_MODES
 from verlx.config.schema import PPOConfig
+from verlx.models.weight_files import model_dir_problems
+from verlx.trainer.learning_checks import check_learning
 from verlx.utils.batch_sizes import dynamic_batches, per_gpu_micro_batch_size, ppo_batch_sizes
 from verlx.utils.paths import expand_path
 
@@ -328,8 +331,7 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
     if d.val_files is not None:
         files += [("data.val_files", p) for p in ([d.val_files] if isinstance(d.val_files, str) else d.val_files)]
     for key, path in files:
-        f.require(os.path.isfile(expand_path(path)), f"{key}: file {path!r} does not exist; run a script in "
-                  "examples/data_preprocess/ to create it or fix the path")
+        f.require(os.path.isfile(expand_path(path)), _data_file_problem(key, path))
     model = cfg.actor_rollout_ref.model
     model_dir = expand_path(model.path)
     if f.require(os.path.isdir(model_dir), f"actor_rollout_ref.model.path: directory {model.path!r} does not exist "
@@ -337,6 +339,8 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
         f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
                   f"actor_rollout_ref.model.path: {model.path!r} has no config.json; "
                   "is it a HuggingFace model directory?")
+    for key, path in _model_dirs(cfg):
+        f.problems += model_dir_problems(path, key)
     crf = cfg.custom_reward_function
     if crf.path is not None:
         f.require(os.path.isfile(expand_path(crf.path)),
@@ -344,6 +348,29 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
     if uses_critic_if_known(cfg) and cfg.critic.model.path is not None:
         f.require(os.path.isdir(expand_path(cfg.critic.model.path)),
                   f"critic.model.path: directory {cfg.critic.model.path!r} does not exist")
+
+
+def _data_file_problem(key: str, path: str) -> str:
+    directory = expand_path(path)
+    if os.path.isdir(directory):
+        files = sorted(n for n in os.listdir(directory) if n.endswith(".parquet"))
+        role = "train" if key == "data.train_files" else "test"
+        example = os.path.join(path, next((n for n in files if role in n), files[0] if files else f"{role}.parquet"))
+        inside = ", ".join(files[:4]) or "it has none"
+        return (f"{key}: {path!r} is a directory; give the parquet file(s) in it ({inside}), e.g. {key}={example}, or "
+                "a list [a.parquet,b.parquet]")
+    return (f"{key}: file {path!r} does not exist; run a script in examples/data_preprocess/ to create it or fix the "
+            "path")
+
+
+def _model_dirs(cfg: PPOConfig) -> list[tuple[str, str]]:
+    """(key, directory) of each model this run loads, where the directory exists."""
+    dirs = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)]
+    if uses_critic_if_known(cfg) and cfg.critic.model.path is not None:
+        dirs.append(("critic.model.path", cfg.critic.model.path))
+    if cfg.reward_model.enable and cfg.reward_model.model.path is not None:
+        dirs.append(("reward_model.model.path", cfg.reward_model.model.path))
+    return [(key, expand_path(path)) for key, path in dirs if path and os.path.isdir(expand_path(path))]
 
 
 def check_verl_features(cfg: PPOConfig, f: Findings, world_size: int, check_files: bool) -> None:
@@ -368,6 +395,7 @@ def uses_critic_if_known(cfg: PPOConfig) -> bool:
 def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = True) -> list[str]:
     """Raise ConfigError with every problem found; return the warnings (also logged)."""
     f = Findings()
+    f.problems += range_problems(cfg, PPO_RANGES)
     check_names(cfg, f)
     check_unsupported(cfg, f)
     check_run_length(cfg, f)
@@ -387,6 +415,7 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         check_verl_features(cfg, f, world_size or world_size_of(cfg), check_files)
     if not f.problems:
         check_algorithm(cfg, f)
+        check_learning(cfg, f)
         check_batch_arithmetic(cfg, f, world_size or world_size_of(cfg))
         check_sequence_parallel(cfg, f, world_size or world_size_of(cfg))
         check_token_budgets(cfg, f)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verlx.config.loader import Findings
+from verlx.config.ranges import SFT_RANGES, range_problems
 from verlx.config.sft import DEVICES, SFTConfig
 from verlx.utils.lr_schedules import LR_SCHEDULES
 
@@ -56,4 +57,5 @@ def validate_sft(cfg: SFTConfig, world_size: int) -> None:
             f"trainer.nnodes × trainer.n_gpus_per_node = {declared} but the launcher started {world_size} "
             f"process(es); match torchrun's --nnodes/--nproc_per_node, or leave both keys null",
         )
+    f.problems += range_problems(cfg, SFT_RANGES)
     f.raise_problems()

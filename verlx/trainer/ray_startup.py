@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 
 from verlx.utils.device import resolve_device
 
@@ -66,4 +68,13 @@ def start_ray(config, use_gpu: bool) -> None:
         kwargs.update(address="local", num_cpus=init.num_cpus or max(os.cpu_count() or 1, workers + 1))
         logger.info("starting a private Ray instance with %d CPUs (set ray_kwargs.ray_init.address or RAY_ADDRESS "
                     "to join a running cluster)", kwargs["num_cpus"])
+    _init_keeping_sigterm_handler(ray, kwargs)
+
+
+def _init_keeping_sigterm_handler(ray, kwargs: dict) -> None:
+    """ray.init replaces the driver's SIGTERM handler with sys.exit(15): a silent exit with status 15. The command's
+    own handler (trainer/stop_signals.py: a message, clean-up, 143) is put back."""
+    own = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     ray.init(**kwargs)
+    if own is not None:
+        signal.signal(signal.SIGTERM, own)

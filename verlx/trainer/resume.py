@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from verlx.config.loader import ConfigError
 from verlx.trainer import checkpointing
+from verlx.utils.errors import VerlxError
 from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class ResumeRefused(ConfigError):
                      "actor_rollout_ref.model.path) or another trainer.default_local_dir",)
 
 
-class NothingToDo(Exception):
+class NothingToDo(VerlxError):
     """The checkpoint resumed from is already at (or past) the last step of this run."""
 
 

@@ -29,6 +29,7 @@ from verlx.data.sft_dataset import (
 )
 from verlx.models.response_nll import ResponseNLL
 from verlx.trainer.sft_eval import greedy_accuracy
+from verlx.trainer.stop_signals import Interrupted, StopSignals, signal_name
 from verlx.utils.cpu_threads import CpuThreads
 from verlx.utils.device import resolve_device
 from verlx.utils.lr_schedules import lr_multiplier
@@ -294,6 +295,25 @@ class SFTTrainer:
         return target
 
     def fit(self) -> dict[str, float]:
+        """Train, save, validate. A stop signal (trainer/stop_signals.py) ends training after the running step on
+        every rank; the model trained so far is saved and Interrupted raised (exit 128 + the signal's number)."""
+        t = self.cfg.trainer
+        nothing_saved = lambda: "An SFT run saves its model at the end only: nothing was saved."  # noqa: E731
+        with StopSignals(t.save_on_signal, t.save_on_signal_timeout_s, nothing_saved) as stop:
+            return self._fit(stop)
+
+    def _stop_agreed(self, stop: StopSignals, sync_point: bool) -> int:
+        """The stop signal received (0: none). With several ranks they agree at the steps that synchronise anyway
+        (logging, validation: one all-reduce there), so that every rank stops after the same step."""
+        if self.world_size == 1:
+            return stop.signum or 0
+        if not sync_point:
+            return 0
+        signum = torch.tensor([stop.signum or 0], device=self.device)
+        dist.all_reduce(signum, op=dist.ReduceOp.MAX)
+        return int(signum.item())
+
+    def _fit(self, stop: StopSignals) -> dict[str, float]:
         t = self.cfg.trainer
         self._print(
             f"SFT: {self.num_params:,} parameters from {self.model_path} | {len(self.train)} rows, "
@@ -303,37 +323,41 @@ class SFTTrainer:
         )
         start = interval_start = time.perf_counter()
         losses, norms, lrs, tokens, final = [], [], [], 0, {}
-        last_step = self.total_steps
-        for step in range(1, self.total_steps + 1):
-            self.model.train()
-            global_batch = self.batches(step - 1)
-            lrs.append(self.scheduler.get_last_lr()[0])
-            loss, grad_norm = self.train_step(global_batch)
-            losses.append(loss)
-            norms.append(grad_norm)
-            tokens += int(self.train.lengths[global_batch].sum())
-            validate_now = (
-                self.val is not None and t.test_freq > 0 and step % t.test_freq == 0 and step != self.total_steps
-            )
-            if step % t.log_freq == 0 or step == self.total_steps or validate_now:
-                now = time.perf_counter()
-                final.update(self._flush(step, losses, norms, lrs, tokens, now - interval_start, start))
-                losses, norms, lrs, tokens = [], [], [], 0
-            if validate_now:
-                metrics, _ = self.validate()
-                self.metrics.log(metrics, step)
-                if t.target_val_accuracy is not None and metrics["val/accuracy"] >= t.target_val_accuracy:
-                    self._print(
-                        f"validation accuracy {metrics['val/accuracy']:.3f} reached trainer.target_val_accuracy="
-                        f"{t.target_val_accuracy} at step {step}: stopping"
-                    )
+        last_step, signum = self.total_steps, 0
+        with stop.step_loop():
+            for step in range(1, self.total_steps + 1):
+                self.model.train()
+                global_batch = self.batches(step - 1)
+                lrs.append(self.scheduler.get_last_lr()[0])
+                loss, grad_norm = self.train_step(global_batch)
+                losses.append(loss)
+                norms.append(grad_norm)
+                tokens += int(self.train.lengths[global_batch].sum())
+                validate_now = (self.val is not None and t.test_freq > 0 and step % t.test_freq == 0
+                                and step != self.total_steps)
+                log_now = step % t.log_freq == 0 or step == self.total_steps or validate_now
+                signum = self._stop_agreed(stop, log_now) if t.save_on_signal else 0
+                validate_now = validate_now and not signum
+                if log_now or signum:
+                    now = time.perf_counter()
+                    final.update(self._flush(step, losses, norms, lrs, tokens, now - interval_start, start))
+                    losses, norms, lrs, tokens = [], [], [], 0
+                if signum:
                     last_step = step
                     break
-            if step % t.log_freq == 0 or validate_now:
-                interval_start = time.perf_counter()
-        full = full_state_dict(self.model.lm)
-        target = self.save(full)
+                if validate_now and self._reached_target(step):
+                    last_step = step
+                    break
+                if step % t.log_freq == 0 or validate_now:
+                    interval_start = time.perf_counter()
+            full = full_state_dict(self.model.lm)
+            target = self.save(full)
         self._print(f"saved the fine-tuned model to {target}")
+        if signum:
+            self.metrics.finish()
+            raise Interrupted(signum, f"stopped on {signal_name(signum)} after step {last_step} of {self.total_steps}: "
+                              f"the model trained so far is saved in {target} (an SFT run does not resume: running "
+                              "the command again starts from model.partial_pretrain)")
         if self.val is not None:
             metrics, examples = self.validate(full)
             for prompt, response, truth in examples:
@@ -344,3 +368,14 @@ class SFTTrainer:
         self.metrics.log(final, last_step)
         self.metrics.finish()
         return final
+
+    def _reached_target(self, step: int) -> bool:
+        """Validate; True when trainer.target_val_accuracy is reached (training stops there)."""
+        t = self.cfg.trainer
+        metrics, _ = self.validate()
+        self.metrics.log(metrics, step)
+        if t.target_val_accuracy is None or metrics["val/accuracy"] < t.target_val_accuracy:
+            return False
+        self._print(f"validation accuracy {metrics['val/accuracy']:.3f} reached trainer.target_val_accuracy="
+                    f"{t.target_val_accuracy} at step {step}: stopping")
+        return True

@@ -10,10 +10,12 @@ import difflib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from verlx.utils.errors import InputError
+
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
+class UnknownNameError(InputError, KeyError):
     """KeyError whose message prints as written (KeyError alone would quote it)."""
 
     def __str__(self) -> str:

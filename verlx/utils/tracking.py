@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -10,6 +11,7 @@ import re
 import sys
 from typing import Any
 
+from verlx.utils.errors import storage_errors
 from verlx.utils.registry import Registry
 
 LOGGERS: Registry[type[MetricLogger]] = Registry("logger", "trainer.logger")
@@ -129,11 +131,13 @@ class JsonlLogger(MetricLogger):
     def log(self, metrics, step):
         row = {"step": step}
         row.update({k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()})
-        self._file.write(json.dumps(row, default=float) + "\n")
-        self._file.flush()
+        with storage_errors("the metrics", self.path, "Free space, or set trainer.output_dir elsewhere"):
+            self._file.write(json.dumps(row, default=float) + "\n")
+            self._file.flush()
 
     def finish(self):
-        self._file.close()
+        with contextlib.suppress(OSError):  # a failed write was raised by log(), which flushes every row
+            self._file.close()
 
 
 @LOGGERS.register("tensorboard")

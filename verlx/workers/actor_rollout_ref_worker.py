@@ -18,6 +18,7 @@ from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
 from verlx.utils.compile_cache import compile_cache_note
 from verlx.utils.distributed import init_distributed
+from verlx.utils.errors import storage_errors
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
 from verlx.workers.actor import PPOActor
@@ -387,7 +388,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     # ------------------------------------------------------------------ checkpoints
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        with self._on_device(actor=True, optimizer=True):
+        with self._on_device(actor=True, optimizer=True), storage_errors("the actor checkpoint", path):
             self.actor.engine.save_checkpoint(path)
 
     @register(Dispatch.ONE_TO_ALL)

@@ -11,6 +11,7 @@ from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
 from verlx.utils.compile_cache import compile_cache_note
 from verlx.utils.distributed import init_distributed
+from verlx.utils.errors import storage_errors
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
 from verlx.workers.auto_settings import resolve_critic_settings
@@ -82,7 +83,7 @@ class CriticWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        with self.critic.engine.on_device(optimizer=True):
+        with self.critic.engine.on_device(optimizer=True), storage_errors("the critic checkpoint", path):
             self.critic.engine.save_checkpoint(path)
 
     @register(Dispatch.ONE_TO_ALL)

@@ -6,10 +6,11 @@ import math
 
 import torch
 
+from verlx.utils.errors import VerlxError
 from verlx.workers.stats import MetricAccumulator
 
 
-class NonFiniteUpdates(RuntimeError):
+class NonFiniteUpdates(VerlxError, RuntimeError):
     """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
 
 
@@ -38,6 +39,7 @@ class GuardedStepper:
             if self.consecutive >= self.max_consecutive:
                 raise NonFiniteUpdates(
                     f"{self.consecutive} consecutive {self.role} updates had a non-finite loss or gradient norm "
-                    f"(last: {float(grad_norm)}); stopping as trainer.max_consecutive_nonfinite_updates says"
+                    f"(last: {float(grad_norm)}); stopping as trainer.max_consecutive_nonfinite_updates says. The "
+                    "usual cause is a learning rate far too large (optim.lr of this role)"
                 )
         metrics.end_step()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verlx.utils.errors import InputError
 from verlx.utils.memory_estimate import (
     GIB,
     MIB,
@@ -51,7 +52,7 @@ ROUND_TO = 256
 _baselines: dict[str, int] = {}
 
 
-class MemoryPlanError(RuntimeError):
+class MemoryPlanError(InputError, RuntimeError):
     """The estimate says the run cannot fit on this GPU; the message has the numbers and what to change."""
 
 

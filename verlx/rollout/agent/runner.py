@@ -29,13 +29,14 @@ from verlx.rollout.agent.parsers import TOOL_PARSERS
 from verlx.rollout.agent.tool_config import load_tools
 from verlx.rollout.agent.trajectory import Trajectory
 from verlx.rollout.base import resolve_engine_name, resolve_sampling
+from verlx.utils.errors import VerlxError
 
 logger = logging.getLogger(__name__)
 SAMPLE_COLUMNS = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_malformed", "tool_truncated",
                   "tool_latency_s", "template_mismatch", "template_rewrite", "stop_reason", "messages")
 
 
-class TemplateMismatchError(RuntimeError):
+class TemplateMismatchError(VerlxError, RuntimeError):
     """multi_turn.on_template_mismatch=error and a trajectory disagrees with the chat template."""
 
 

@@ -18,13 +18,14 @@ import os
 import yaml
 
 from verlx.rollout.agent.tools import TOOLS, BaseTool, FunctionTool, ToolSchemaError, as_tool, validate_schema
+from verlx.utils.errors import InputError
 from verlx.utils.paths import expand_path
 from verlx.utils.registry import import_object
 
 ENTRY_KEYS = {"name", "function", "class_name", "config", "tool_schema"}
 
 
-class ToolConfigError(ValueError):
+class ToolConfigError(InputError, ValueError):
     """The tool file does not load; the message names the file and the entry."""
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from verlx.utils.errors import InputError
 from verlx.utils.registry import Registry
 
 TOOLS: Registry[BaseTool | Callable] = Registry("tool", "multi_turn.tool_config_path", import_paths=True)
@@ -22,7 +23,7 @@ JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": 
 _PY_TO_JSON = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 
 
-class ToolSchemaError(ValueError):
+class ToolSchemaError(InputError, ValueError):
     """A tool's schema is not a valid OpenAI function schema (the message names the tool and the field)."""
 
 

@@ -34,12 +34,13 @@ import torch
 from verlx.protocol import DataProto
 from verlx.single_controller.ray import GroupFuture
 from verlx.trainer.rollout_modes.staleness import TOKEN_VERSIONS, VERSION, VERSION_LAST
+from verlx.utils.errors import VerlxError
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.2
 
 
-class RolloutStalled(RuntimeError):
+class RolloutStalled(VerlxError, RuntimeError):
     """The rollout group delivered nothing for trainer.rollout_stall_timeout_s seconds."""
 
 

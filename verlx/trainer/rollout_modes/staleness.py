@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 
 from verlx.protocol import DataProto
+from verlx.utils.errors import VerlxError
 
 VERSION = "rollout_policy_version"
 VERSION_LAST = "rollout_policy_version_last"
 TOKEN_VERSIONS = "rollout_token_versions"
 
 
-class StalenessError(RuntimeError):
+class StalenessError(VerlxError, RuntimeError):
     """A sample older than the configured bound reached the actor update (a scheduling bug, never expected)."""
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 
+from verlx.utils.errors import InputError
+
 INSTALL_COMMAND = "pip install 'verlx[megatron]'"
 
 
-class MegatronNotInstalled(ImportError):
+class MegatronNotInstalled(InputError, ImportError):
     """megatron-core is needed for strategy=megatron and is not importable."""
 
 
