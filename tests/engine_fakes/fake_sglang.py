@@ -124,11 +124,16 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             self.session_open = False
             self.received: list[list[tuple[str, Any]]] = []
             self.tokenizer_manager = SimpleNamespace(abort_request=self._abort_request)
+            self.running: set[str] = set()
+            self.aborted: set[str] = set()
+            self.samples_started = 0
             state.engines.append(self)
 
         def _abort_request(self, rid: str = "", abort_all: bool = False):
-            """TokenizerManager.abort_request: sends AbortReq(rid, abort_all) to the scheduler."""
+            """TokenizerManager.abort_request: sends AbortReq(rid, abort_all) to the scheduler, which finishes the
+            request(s) with finish reason abort; the waiting async_generate then returns what they had."""
             state.calls.append(("abort_request", rid, abort_all))
+            self.aborted.update(self.running if abort_all else {rid} & self.running)
 
         def _clipped(self, prompt, sampling_params: dict) -> dict:
             """SGLang's scheduler: max_new_tokens ≤ context_length - len(prompt) - 2 (its max_req_len is
@@ -158,19 +163,52 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             return outputs
 
         async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
-                                 **kwargs):
-            """One request (input_ids: list[int]) → one output dict, like Engine.async_generate; it must run on
-            the engine's own loop (the tokenizer manager is bound to it)."""
-            state.calls.append(("async_generate", list(input_ids), dict(sampling_params), return_logprob))
+                                 rid=None, **kwargs):
+            """One prompt (input_ids: list[int]) → one output dict, or a list of n for sampling_params n > 1 (each
+            sample with its own request id: rid a list of n, or the engine's own), like Engine.async_generate; it
+            must run on the engine's own loop (the tokenizer manager is bound to it). A request takes
+            state.async_rounds(ids) event-loop rounds (1 by default), producing its tokens evenly over them; aborted,
+            it returns the tokens produced so far with finish reason abort. state.abort_samples names samples, in
+            the order they started, that the engine aborts itself."""
+            n = sampling_params.get("n", 1)
+            state.calls.append(("async_generate", list(input_ids), dict(sampling_params), return_logprob, rid))
             if asyncio.get_running_loop() is not self.loop:
                 raise RuntimeError("async_generate awaited outside the engine's event loop")
             if self.released:
                 raise RuntimeError(f"generate while {sorted(self.released)} are released")
-            for _ in range(state.async_rounds(list(input_ids)) if state.async_rounds else 1):
+            if isinstance(rid, list):
+                rids = list(rid)
+            else:
+                rids = [rid] if n == 1 and rid else [f"auto-{len(state.calls)}-{j}" for j in range(n)]
+            if len(rids) != n:
+                raise ValueError(f"rid has {len(rids)} entries for n={n}")
+            params = self._clipped(input_ids, {**sampling_params, "n": 1})
+            samples = []
+            for j in range(n):
+                refused = state.abort_samples.get(self.samples_started)
+                self.samples_started += 1
+                samples.append((rids[j], *state.completion(list(input_ids), j, params), refused))
+            self.running.update(rids)
+            rounds = state.async_rounds(list(input_ids)) if state.async_rounds else 1
+            done = 0
+            while done < rounds and not set(rids) <= self.aborted:
                 await asyncio.sleep(0)
-            tokens, lps, reason = state.completion(list(input_ids), 0, self._clipped(input_ids, sampling_params))
-            meta = {"id": f"a{len(state.calls)}", "prompt_tokens": len(input_ids), "completion_tokens": len(tokens),
-                    "cached_tokens": 0, "finish_reason": {"type": reason}}
+                done += 1
+            self.running.difference_update(rids)
+            outputs = [self._output(sample, done, rounds, return_logprob) for sample in samples]
+            self.aborted.difference_update(rids)
+            return outputs if n > 1 else outputs[0]
+
+        def _output(self, sample, done: int, rounds: int, return_logprob: bool) -> dict:
+            rid, tokens, lps, reason, refused = sample
+            finish = {"type": reason}
+            if refused is not None:
+                tokens, lps, finish = [], [], {"type": "abort", "message": refused}
+            elif rid in self.aborted:
+                keep = len(tokens) * done // rounds
+                tokens, lps, finish = tokens[:keep], lps[:keep], {"type": "abort", "message": "aborted by request"}
+            meta = {"id": rid, "prompt_tokens": 0, "completion_tokens": len(tokens), "cached_tokens": 0,
+                    "finish_reason": finish}
             if return_logprob:
                 meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(lps, tokens)]
             return {"text": "", "output_ids": tokens, "meta_info": meta}

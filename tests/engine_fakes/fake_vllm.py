@@ -169,37 +169,61 @@ class FakeVLLM:
 
 def _engine_class(state: FakeVLLM, llm) -> type:
     class LLMEngine:
-        """add_request / step / abort_request of vLLM's LLMEngine: a request finishes after 1 + len(tokens) % 3
-        steps (so requests overtake each other); step returns only finished ones under FINAL_ONLY."""
+        """add_request / step / abort_request of vLLM's (V1) LLMEngine: a request finishes after
+        1 + len(tokens) % 3 steps (so requests overtake each other). Under FINAL_ONLY a step returns a request once,
+        finished, with all its tokens; under DELTA every step returns the tokens generated since the last one (the
+        request's tokens spread over its steps), the last output finished. Requests of one prompt running at the
+        same time are its samples 0, 1, ... (V1 fans n > 1 out into such requests); state.abort_samples names
+        requests, in the order they were added, that the engine aborts itself."""
 
         def __init__(self, model_executor):
             self.model_executor = model_executor
-            self.running: dict[str, list] = {}
+            self.running: dict[str, dict] = {}
+            self.added = 0
 
         def add_request(self, request_id, prompt, params, **kwargs):
             if not isinstance(request_id, str):
                 raise TypeError(f"request_id must be a string, got {type(request_id)}")
+            if request_id in self.running:
+                raise ValueError(f"request id {request_id} is already running")
             if llm.sleeping:
                 raise RuntimeError(f"add_request while {sorted(llm.sleeping)} sleep")
             sp = params.kwargs
-            state.calls.append(("add_request", request_id, list(prompt["prompt_token_ids"]), dict(sp),
-                                params.output_kind))
+            ids = list(prompt["prompt_token_ids"])
+            state.calls.append(("add_request", request_id, ids, dict(sp), params.output_kind))
+            sample = sum(1 for entry in self.running.values() if entry["prompt"] == ids)
             rule = {"max_new_tokens": sp["max_tokens"], "stop_token_ids": sp["stop_token_ids"]}
-            tokens, lps, reason = state.completion(list(prompt["prompt_token_ids"]), 0, rule)
-            logprobs = [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)] if sp["logprobs"] is not None else None
-            out = RequestOutput(request_id, None, list(prompt["prompt_token_ids"]), None,
-                                [CompletionOutput(0, "", tokens, sum(lps), logprobs, reason, None)], True)
-            self.running[request_id] = [1 + len(tokens) % 3, out, params.output_kind]
+            tokens, lps, reason = state.completion(ids, sample, rule)
+            stop_reason = state.abort_samples.get(self.added)
+            if stop_reason is not None:
+                tokens, lps, reason = [], [], "abort"
+            self.added += 1
+            self.running[request_id] = dict(prompt=ids, tokens=tokens, lps=lps, reason=reason, stop_reason=stop_reason,
+                                             steps=1 + len(tokens) % 3, done=0, kind=params.output_kind,
+                                             logprobs=sp["logprobs"] is not None)
+
+        def _output(self, request_id, entry, start, end, finished):
+            tokens, lps = entry["tokens"][start:end], entry["lps"][start:end]
+            logprobs = [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)] if entry["logprobs"] else None
+            completion = CompletionOutput(0, "", tokens, sum(lps), logprobs, entry["reason"] if finished else None,
+                                          entry["stop_reason"] if finished else None)
+            return RequestOutput(request_id, None, entry["prompt"], None, [completion], finished)
 
         def step(self):
             state.calls.append(("step", sorted(self.running)))
-            finished = []
+            outputs = []
             for request_id, entry in list(self.running.items()):
-                entry[0] -= 1
-                if entry[0] == 0:
-                    finished.append(entry[1])
+                n, steps = len(entry["tokens"]), entry["steps"]
+                entry["done"] += 1
+                finished = entry["done"] == steps
+                if entry["kind"] is RequestOutputKind.DELTA:
+                    start, end = n * (entry["done"] - 1) // steps, n * entry["done"] // steps
+                    outputs.append(self._output(request_id, entry, start, end, finished))
+                elif finished:
+                    outputs.append(self._output(request_id, entry, 0, n, True))
+                if finished:
                     del self.running[request_id]
-            return finished
+            return outputs
 
         def has_unfinished_requests(self):
             return bool(self.running)

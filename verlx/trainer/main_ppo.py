@@ -20,15 +20,13 @@ from verlx.trainer.verl_mappings import apply_verl_mappings
 logger = logging.getLogger("verlx")
 
 
-def check_greedy_baseline(config: PPOConfig) -> None:
-    """REMAX's baseline is a greedy response: the chosen engine must be able to decode greedily."""
-    from verlx.algorithms.advantages import estimator_needs_greedy_baseline
-    from verlx.rollout.base import get_engine_class
+def check_engine_capabilities(config: PPOConfig, resolved_name: str) -> None:
+    """What the run needs of the engine `auto` resolved to (validate checked an engine named in the config)."""
+    from verlx.rollout.capabilities import capability_problems
 
-    name = config.actor_rollout_ref.rollout.name
-    if estimator_needs_greedy_baseline(config.algorithm.adv_estimator) and not get_engine_class(name).supports_greedy:
-        raise ConfigError([f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs greedy decoding for its "
-                           f"baseline, which actor_rollout_ref.rollout.name={name} cannot do; use native or hf"])
+    problems = capability_problems(config, resolved_name)
+    if problems:
+        raise ConfigError(problems)
 
 
 def resolve_hub_models(config: PPOConfig) -> None:
@@ -60,8 +58,9 @@ def prepare(config: PPOConfig):
     for note in apply_verl_mappings(config):  # veRL keys served by verlx features of other names, said once
         logger.info(note)
     rollout = config.actor_rollout_ref.rollout
-    rollout.name = resolve_engine_name(rollout.name)
-    check_greedy_baseline(config)
+    configured, rollout.name = rollout.name, resolve_engine_name(rollout.name)
+    if configured == "auto":
+        check_engine_capabilities(config, rollout.name)
     check_loggers(config.trainer.loggers)
     model = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from contextlib import ExitStack
@@ -12,7 +13,8 @@ from verlx.algorithms.kl import kl_needs_full_distribution
 from verlx.config.schema import PPOConfig
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
-from verlx.rollout.base import RolloutContext, get_engine_class
+from verlx.rollout.base import PolicyWeights, RolloutContext, get_engine_class
+from verlx.rollout.generation import Interruptions
 from verlx.rollout.weight_sync import engine_dtype_on
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
@@ -45,17 +47,21 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         self.config = config
         self.role = role
         self.is_actor, self.is_rollout, self.is_ref = ("actor" in parts, "rollout" in parts, "ref" in parts)
-        self.actor = self.ref = self.engine = None
+        self.actor = self.ref = self.engine = self.engine_ctx = self.agent_runner = None
         self.dp_size = self.world_size
         self.lora = False
-        self.engine_weights_stale = True
+        #: the actor's weights: each update and each loaded checkpoint is a new version (the engine holds one)
+        self.actor_version = 0
         self.engine_asleep_gb: float | None = None
-        # a rollout-only worker of hybrid_engine=false gets its weights from the trainer (workers/weight_transfer.py)
-        self.transfer_fed = not self.is_actor and not getattr(config.actor_rollout_ref, "hybrid_engine", True)
         self.transfer_store = self.transfer_group = None
-        self.weights_version: int | None = None
-        self.interrupted_upto = -1  # partial rollout: generations with an id up to this one stop
+        self.interruptions = Interruptions()  # partial rollout (interrupt_generation)
         self.engine_resident_bytes = 0  # what the engine keeps on the GPU while training runs (measured at init)
+
+    @property
+    def fed_by_trainer(self) -> bool:
+        """A rollout-only worker of hybrid_engine=false: its weights come from the trainer by broadcast
+        (workers/weight_transfer.py), and its engine shares its device with nothing."""
+        return not self.is_actor and not self.config.actor_rollout_ref.hybrid_engine
 
     # ------------------------------------------------------------------ set-up
     @register(Dispatch.ONE_TO_ALL)
@@ -143,7 +149,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
 
     def _init_engine(self, model_path: str) -> None:
         rollout = self.config.actor_rollout_ref.rollout
-        if not self.is_actor and not self.transfer_fed and rollout.load_format.startswith("dummy"):
+        if not self.is_actor and not self.fed_by_trainer and rollout.load_format.startswith("dummy"):
             raise ValueError(
                 f"role {self.role} has no actor to push weights into its rollout engine, so "
                 f"actor_rollout_ref.rollout.load_format={rollout.load_format} would generate from random weights; "
@@ -151,7 +157,6 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             )
         tp = rollout.tensor_model_parallel_size
         engine_cls = get_engine_class(rollout.name)
-        self.engine_name = rollout.name
         ctx = RolloutContext(
             config=rollout,
             model_path=model_path,
@@ -165,66 +170,52 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             tp_size=tp,
             n_gpus_per_node=self.config.trainer.n_gpus_per_node,
             trust_remote_code=self.config.actor_rollout_ref.model.trust_remote_code,
+            colocated=not self.fed_by_trainer,
         )
         self.set_dispatch_info("rollout", ctx.dp_rank, ctx.dp_size, ctx.tp_rank == 0)
         used_before = self._device_used_bytes()
         self.engine = engine_cls(ctx)
         self.engine_ctx = ctx
-        # Without an actor nothing pushes weights: the engine's own, loaded from model_path, are the ones to use.
-        self.engine_weights_stale = self.is_actor
-        # a rollout group of its own shares its devices with nothing: its engine stays awake between calls
-        self.engine_sleeps = bool(rollout.free_cache_engine) and not self.transfer_fed
-        self.engine_asleep = self.engine_sleeps
-        if self.engine_asleep:
-            self.engine.sleep()
+        self.engine.sleep()  # until the first generation (an engine of a rollout group of its own stays awake)
         if used_before is not None:  # nothing else is on the device yet: the difference is the engine's
             self.engine_resident_bytes = self._device_used_bytes() - used_before
-            if self.engine_asleep:
+            if self.engine.residency.asleep:
                 self.engine_asleep_gb = self.engine_resident_bytes / 2**30
 
     # ------------------------------------------------------------------ rollout
-    def _push_weights(self) -> float:
-        """Stream the actor's full weights into the engine as one push (the engine buckets them and knows when
-        every parameter has arrived); returns seconds taken."""
-        start = time.perf_counter()
-        self.engine.update_weights(self.actor.engine.rollout_weights(self.engine_ctx.engine_dtype))
-        self.engine_weights_stale = False
-        return time.perf_counter() - start
+    def _actor_weights(self) -> PolicyWeights | None:
+        """The weights the engine must generate with: the actor's current version, streamed with the actor's
+        parameters on the device; None when no actor pushes them here (the engine's own, or the trainer's
+        broadcast)."""
+        if self.actor is None:
+            return None
+
+        @contextlib.contextmanager
+        def stream():
+            with self._on_device(actor=True):
+                yield self.actor.engine.rollout_weights(self.engine_ctx.engine_dtype)
+
+        return PolicyWeights(self.actor_version, stream)
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         if self.engine is None:
             raise RuntimeError(f"role {self.role} has no rollout engine")
-        if self.transfer_fed and self.weights_version is None:
+        if self.fed_by_trainer and self.engine.residency.weights_version is None:
             raise RuntimeError("this rollout worker has received no weights from the trainer yet (receive_weights); "
                                "it would generate from the engine's initial weights")
-        timing = {}
         start, wall_start = time.perf_counter(), time.time()
         timer = PhaseTimer(self.device, "gen", self.rank)
-        with timer.measure():
-            if self.engine_asleep:
-                self.engine.wake_up(("weights",))
-            if self.engine_weights_stale and not self.transfer_fed:
-                if not self.is_actor:
-                    raise RuntimeError("the rollout engine needs weights from an actor in the same worker")
-                with self._on_device(actor=True):
-                    timing["timing_s/update_weights"] = self._push_weights()
-            if self.engine_asleep:
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
-                self.engine.wake_up(("kv_cache",))
+        with timer.measure(), self.engine.awake(self._actor_weights()) as timing:
             gen_start = time.perf_counter()
             try:
                 out = self._generate(prompts)
             except Exception as e:
-                e.add_note(f"while the {self.engine_name} rollout engine of rank {self.rank} was generating (step "
+                e.add_note(f"while the {self.engine.name} rollout engine of rank {self.rank} was generating (step "
                            f"{prompts.meta_info.get('global_step', '?')}); checkpoints on disk are not touched by a "
                            "failed step")
                 raise
             timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
-            if self.engine_sleeps:
-                self.engine.sleep()
-                self.engine_asleep = True
         timing["timing_s/rollout_worker"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
         # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
@@ -235,20 +226,16 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     def _generate(self, prompts: DataProto) -> DataProto:
         if self.config.actor_rollout_ref.rollout.uses_agent_loop:  # rollout.mode=async or multi_turn.enable
             return self._agent_runner().generate(self.engine, prompts)
-        if "generation_id" in prompts.meta_info:  # partial rollout: stoppable by interrupt_generation
-            from verlx.rollout.interruptible import check_supports_partial, generate_interruptible
-
-            check_supports_partial(self.engine, self.engine_name)
-            generation_id = prompts.meta_info["generation_id"]
-            return generate_interruptible(self.engine, prompts, lambda: self.interrupted_upto >= generation_id,
-                                          self.engine_ctx.eos_token_ids, self.engine_ctx.pad_token_id)
+        interrupted = self.interruptions.check(prompts.meta_info.get("generation_id"))
+        if interrupted is not None:  # partial rollout: stoppable by interrupt_generation
+            return self.engine.generate(prompts, interrupted)
         return self.engine.generate(prompts)
 
     @register(Dispatch.ONE_TO_ALL)
     def interrupt_generation(self, generation_id: int) -> None:
-        """Partial rollout: the generation `generation_id` (and any before it) returns at its next decode round with
-        the tokens it has. Runs beside generate_sequences (the rollout group's actors take two calls at once)."""
-        self.interrupted_upto = max(self.interrupted_upto, int(generation_id))
+        """Partial rollout: the generation `generation_id` (and any before it) returns at its next step with the
+        tokens it has. Runs beside generate_sequences (the rollout group's actors take two calls at once)."""
+        self.interruptions.interrupt(generation_id)
 
     # ------------------------------------------------------------------ weights to a rollout group of its own
     @register(Dispatch.ONE_TO_ALL)
@@ -297,13 +284,12 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         from verlx.workers.weight_transfer import receive
 
         start = time.perf_counter()
-        self.engine.update_weights(receive(self.transfer_group, version, self.device))
-        self.weights_version = int(version)
+        self.engine.update_weights(receive(self.transfer_group, version, self.device), version=int(version))
         return {"seconds": time.perf_counter() - start}
 
     def _agent_runner(self):
         """The agent-loop rollout's runner (tools loaded once per worker); docs/rollout.md, docs/multi_turn.md."""
-        if getattr(self, "agent_runner", None) is None:
+        if self.agent_runner is None:
             from verlx.rollout.agent.runner import AgentLoopRunner
 
             self.agent_runner = AgentLoopRunner(
@@ -381,7 +367,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         metrics["actor/optimizer_state_gb"] = self.actor.engine.optimizer_state_bytes() / 1e9
         self.actor.engine.step_lr()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
-        self.engine_weights_stale = True
+        self.actor_version += 1
         return DataProto(meta_info={"metrics": metrics, "wall_clock": (wall_start, time.time())})
 
     # ------------------------------------------------------------------ checkpoints
@@ -394,5 +380,5 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     def load_checkpoint(self, path: str) -> None:
         with self._on_device(actor=True, optimizer=True):
             self.actor.engine.load_checkpoint(path)
-        self.engine_weights_stale = True
+        self.actor_version += 1
 

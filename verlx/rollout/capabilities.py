@@ -1,0 +1,77 @@
+"""What a run asks of its rollout engine, checked before Ray against what the engine's class declares
+(RolloutEngine.supports_* and tensor_parallel_in_lockstep): each refusal names the engine, the capability and the
+key that needs it."""
+
+from __future__ import annotations
+
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def engine_class_or_none(name: str):
+    """The engine class of a registered name or `module:Class`, None for `auto` (resolved later) or a name that
+    does not resolve (reported by the name checks)."""
+    from verlx.rollout.base import ROLLOUT_ENGINES
+
+    if name == "auto":
+        return None
+    try:
+        return ROLLOUT_ENGINES.get(name)
+    except (KeyError, ValueError):
+        return None
+
+
+def capability_problems(cfg, name: str | None = None) -> list[str]:
+    """The capabilities the config needs that rollout.name (or `name`, once `auto` is resolved) lacks."""
+    rollout = cfg.actor_rollout_ref.rollout
+    name = name or rollout.name
+    engine = engine_class_or_none(name)
+    if engine is None:
+        return []
+    needs = _needs(cfg)
+    problems = []
+    for capability, (key, what) in needs.items():
+        if not getattr(engine, capability, False):
+            problems.append(f"{key} needs a rollout engine that {what}, but {ROLLOUT}.name={name} cannot "
+                            f"({engine.__name__}.{capability} is False); use {_alternatives(capability)}")
+    tp = rollout.tensor_model_parallel_size
+    if engine.tensor_parallel_in_lockstep and tp > 1:
+        for key in _timing_dependent(cfg):
+            problems.append(f"{key} with {ROLLOUT}.name={name} needs {ROLLOUT}.tensor_model_parallel_size=1 (got "
+                            f"{tp}): the engine's tensor-parallel peers must receive the same requests in the same "
+                            "order, which requests that depend on timing (tool calls, interruptions) break; use "
+                            "sglang or native")
+    return problems
+
+
+def _needs(cfg) -> dict[str, tuple[str, str]]:
+    from verlx.algorithms.advantages import estimator_needs_greedy_baseline
+
+    needs = {}
+    try:
+        if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
+            needs["supports_greedy"] = (f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a greedy "
+                                        "baseline)", "decodes greedily")
+    except KeyError:
+        pass  # an unknown estimator is reported by the name checks
+    if cfg.trainer.partial_rollout:
+        needs["supports_partial_rollout"] = ("trainer.partial_rollout=true", "can pause a generation and continue "
+                                             "it with new weights")
+    if cfg.actor_rollout_ref.rollout.server.enable:
+        needs["supports_server"] = (f"{ROLLOUT}.server.enable=true", "serves its requests from an HTTP server")
+    return needs
+
+
+def _timing_dependent(cfg) -> list[str]:
+    keys = []
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        keys.append(f"{ROLLOUT}.multi_turn.enable=true")
+    if cfg.trainer.partial_rollout:
+        keys.append("trainer.partial_rollout=true")
+    return keys
+
+
+def _alternatives(capability: str) -> str:
+    from verlx.rollout.base import ROLLOUT_ENGINES
+
+    able = [n for n in ROLLOUT_ENGINES.names() if getattr(ROLLOUT_ENGINES.get(n), capability, False)]
+    return " or ".join(f"{ROLLOUT}.name={n}" for n in able) or "another engine"
