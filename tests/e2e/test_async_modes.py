@@ -72,14 +72,25 @@ def test_async_with_staleness_bound_0_matches_sync(ray_cpu, tiny_model_dir, arit
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
 
 
-def test_partial_rollout_samples_record_both_versions(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):
+SLOW_ENGINES = {  # generation slower than training (about 0.1 s per token)
+    "native": ["actor_rollout_ref.rollout.name=helpers.faulty_engines:SlowNativeEngine",
+               "+actor_rollout_ref.rollout.engine_kwargs.custom.round_delay_s=0.1",
+               "+actor_rollout_ref.rollout.engine_kwargs.native.sync_interval=1"],
+    # the adapters over the stand-ins of the sglang / vllm packages (tests/helpers/fake_engines.py)
+    "sglang": ["actor_rollout_ref.rollout.name=helpers.fake_engines:FakeSGLangEngine",
+               "+actor_rollout_ref.rollout.engine_kwargs.custom.token_s=0.1"],
+    "vllm": ["actor_rollout_ref.rollout.name=helpers.fake_engines:FakeVLLMEngine",
+             "+actor_rollout_ref.rollout.engine_kwargs.custom.token_s=0.1"],
+}
+
+
+@pytest.mark.parametrize("engine", list(SLOW_ENGINES))
+def test_partial_rollout_samples_record_both_versions(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path, engine):
     """Generation slower than training: each update interrupts the batch in flight, which finishes with the new
     weights; the dumped samples name the version of every token."""
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, *SEPARATE, "trainer.rollout_mode=async",
                       "trainer.max_staleness=1", "trainer.partial_rollout=true", "trainer.total_training_steps=3",
-                      "actor_rollout_ref.rollout.name=helpers.faulty_engines:SlowNativeEngine",
-                      "+actor_rollout_ref.rollout.engine_kwargs.custom.round_delay_s=0.1",
-                      "+actor_rollout_ref.rollout.engine_kwargs.native.sync_interval=1", "data.max_response_length=24",
+                      *SLOW_ENGINES[engine], "data.max_response_length=24",
                       f"trainer.rollout_data_dir={tmp_path / 'generations'}", _reward(tmp_path))
     run_ppo(cfg)
     rows = read_metrics(tmp_path)

@@ -99,6 +99,8 @@ class FakeSGLang:
     completion: Any = fake_completion
     #: prompt ids -> event-loop rounds an async_generate request takes (requests overtake each other)
     async_rounds: Any = None
+    #: seconds each of those rounds takes (0: one event-loop iteration)
+    round_s: float = 0.0
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -192,7 +194,7 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             rounds = state.async_rounds(list(input_ids)) if state.async_rounds else 1
             done = 0
             while done < rounds and not set(rids) <= self.aborted:
-                await asyncio.sleep(0)
+                await asyncio.sleep(state.round_s)
                 done += 1
             self.running.difference_update(rids)
             outputs = [self._output(sample, done, rounds, return_logprob) for sample in samples]
