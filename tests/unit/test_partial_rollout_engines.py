@@ -11,7 +11,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from engine_fakes.contexts import EOS, PAD, make_ctx
+from engine_fakes.contexts import PAD, make_ctx
 from engine_fakes.fake_sglang import install_fake_sglang
 from engine_fakes.fake_vllm import RequestOutputKind, install_fake_vllm
 from verlx.protocol import DataProto
