@@ -45,6 +45,7 @@ from verlx.utils.tracking import Tracking
 from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 from verlx.workers.critic_worker import CriticWorker
 from verlx.workers.engine import engine_class
+from verlx.workers.groups import ROLE_GROUPS, ActorRolloutRefGroup, CriticGroup
 from verlx.workers.profile_plan import profile_plan
 from verlx.workers.reward_model_worker import RewardModelWorker
 
@@ -52,8 +53,6 @@ logger = logging.getLogger(__name__)
 GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 SUMMED_REWARD_METRICS = ("reward/errors", "reward/timeouts")
-WORKER_CLASSES = {"actor_rollout_ref": ActorRolloutRefWorker, "critic": CriticWorker,
-                  "reward_model": RewardModelWorker}
 
 
 class RayPPOTrainer:
@@ -109,11 +108,11 @@ class RayPPOTrainer:
             roles["reward_model"] = RayClassWithInitArgs(RewardModelWorker, config=self.config)
         self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
         logger.info("trainer workers (%s): %s", "+".join(roles), self.worker_group.placement())
-        views = self.worker_group.spawn({role: WORKER_CLASSES[role] for role in roles})
+        views = self.worker_group.spawn({name: ROLE_GROUPS[name] for name in roles})
         for view in views.values():
             view.set_timeouts(t.phase_timeout_s, **t.phase_timeouts)
-        self.actor_rollout_wg = views["actor_rollout_ref"]
-        self.critic_wg = views.get("critic")
+        self.actor_rollout_wg: ActorRolloutRefGroup = views["actor_rollout_ref"]
+        self.critic_wg: CriticGroup | None = views.get("critic")
         if self.critic_wg is not None:
             log_worker_settings("critic", self.critic_wg.init_model())
         if "reward_model" in views:  # its scores come before the reward manager's (trainer/reward_scoring.py)
@@ -205,12 +204,10 @@ class RayPPOTrainer:
             while self.global_step < self.total_steps:
                 if self.profiles_steps:  # global_profiler.steps (workers/profile_plan.py)
                     self.actor_rollout_wg.set_profile_step(self.global_step + 1)
-                if self.pipeline is None:
-                    batch = next(batches)
-                    self.global_step += 1
-                    metrics = self.train_step(batch, batches)
-                else:
-                    self.global_step += 1
+                self.global_step += 1
+                if self.pipeline is None:  # sync: this step generates its batch
+                    metrics = self.train_step(next(batches), batches)
+                else:  # one_step_off / async: the batch the rollout group generated while earlier steps trained
                     metrics = self.train_step(None, generated=self.pipeline.next())
                 last_step = self.global_step >= self.total_steps
                 if self.val_loader is not None and t.test_freq > 0 and (
@@ -222,6 +219,7 @@ class RayPPOTrainer:
                     with timed("save_checkpoint", timing := {}):
                         self.save_checkpoint()
                     metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+                    self._advance_rollout()
                 metrics["training/global_step"] = self.global_step
                 metrics["training/epoch"] = self._consumed_loader_state()["sampler"]["epoch"]
                 tracker.log(metrics, step=self.global_step)
@@ -233,19 +231,20 @@ class RayPPOTrainer:
         return last_metrics
 
     def _start_pipeline(self, batches):
-        """one_step_off / async: the generation pipeline on the rollout group, and trainer views that advance it
-        after each phase (trainer/rollout_modes/pipeline.py); None in sync mode."""
+        """one_step_off / async: the generation pipeline on the rollout group (trainer/rollout_modes/pipeline.py);
+        None in sync mode."""
         if self.config.trainer.rollout_mode == "sync":
             return None
-        from verlx.trainer.rollout_modes.pipeline import PumpingGroup, RolloutPipeline
+        from verlx.trainer.rollout_modes.pipeline import RolloutPipeline
 
-        pipeline = RolloutPipeline(self.config, self.rollout_group, batches, self.train_loader, self._expand,
-                                   self._gen_inputs, lambda: self.policy_version, self.global_step + 1,
-                                   self.total_steps)
-        self.actor_rollout_wg = PumpingGroup(self.actor_rollout_wg, pipeline.pump)
-        if self.critic_wg is not None:
-            self.critic_wg = PumpingGroup(self.critic_wg, pipeline.pump)
-        return pipeline
+        return RolloutPipeline(self.config, self.rollout_group, batches, self.train_loader, self._expand,
+                               self._gen_inputs, lambda: self.policy_version, self.global_step + 1, self.total_steps)
+
+    def _advance_rollout(self) -> None:
+        """The trainer's workers are idle between two phases: the rollout group may start or continue a generation
+        now, and receive newer weights first (one_step_off / async; nothing in sync mode)."""
+        if self.pipeline is not None:
+            self.pipeline.pump()
 
     def _rollout_paused(self):
         return self.pipeline.paused() if self.pipeline is not None else contextlib.nullcontext()
@@ -275,6 +274,7 @@ class RayPPOTrainer:
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.world_size))
             correction = old_log_prob_phase(cfg, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, metrics, timing)
+            self._advance_rollout()
             metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
                                              generated.dropped if generated is not None else 0))
             if self.use_reference:
@@ -284,11 +284,13 @@ class RayPPOTrainer:
                     batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
                     if "full_kl" in ref.batch:
                         batch.batch["full_kl"] = ref.batch["full_kl"]
+                self._advance_rollout()
             if self.use_critic:
                 with timed("values", timing):
                     values = self.critic_wg.compute_values(batch.select(list(LOG_PROB_INPUTS), [], []))
                     batch.batch["values"] = values.batch["values"]
                     metrics.update(values.meta_info.get("metrics", {}))
+                self._advance_rollout()
             with timed("adv", timing):
                 if self.kl_ctrl is not None:
                     batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
@@ -300,6 +302,7 @@ class RayPPOTrainer:
                 with timed("update_critic", timing):
                     out = self.critic_wg.update_critic(batch.select([*LOG_PROB_INPUTS, "values", "returns"], [], []))
                     metrics.update(out.meta_info["metrics"])
+                self._advance_rollout()
             if self.global_step > cfg.trainer.critic_warmup:
                 with timed("update_actor", timing):
                     out = self.actor_rollout_wg.update_actor(self._actor_inputs(batch, correction))
@@ -309,8 +312,7 @@ class RayPPOTrainer:
                         metrics.update({"timestamp/update_actor_start": start, "timestamp/update_actor_end": end})
                 check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
             self.policy_version = self.global_step
-            if self.pipeline is not None:
-                self.pipeline.pump()  # the new weights can go to the rollout group now
+            self._advance_rollout()  # the new weights can go to the rollout group now
             if cfg.trainer.rollout_data_dir:
                 dump_generations(cfg.trainer.rollout_data_dir, self.global_step, batch, self.tokenizer)
         if self.rollout_group is not None:

@@ -2,7 +2,8 @@
 
 One prompt batch at a time is generated on the rollout group while the trainer trains on earlier ones. The driver
 is single-threaded: the pipeline advances (`pump`) only when the trainer's workers are idle, at the start of a
-step and after each trainer phase, so a weight broadcast never interleaves with a training collective. Policy
+step and after each trainer phase (the trainer's loop calls it there, trainer/ppo_trainer.py), so a weight broadcast
+never interleaves with a training collective. Policy
 versions count finished training steps (the weights after step s are version s): batch j is trained with version
 j − 1 (nothing dropped), and its samples are generated with the version the rollout group held when the batch
 (or, with partial rollout, its first token) started.
@@ -32,7 +33,6 @@ from dataclasses import dataclass, field
 import torch
 
 from verlx.protocol import DataProto
-from verlx.single_controller.ray import GroupFuture
 from verlx.trainer.rollout_modes.staleness import TOKEN_VERSIONS, VERSION, VERSION_LAST
 
 logger = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class RolloutPipeline:
         if generation_id is not None:
             inputs.meta_info["generation_id"] = generation_id
         inputs, pad = inputs.pad_to_divisor(self.group.wg.world_size)
-        future = self.group.wg.submit("generate_sequences", inputs)
+        future = self.group.wg.generate_sequences.submit(inputs)
         self.call = _Call(job, future, rows, pad, version, generation_id, time.monotonic())
 
     def _absorb(self) -> None:
@@ -278,26 +278,3 @@ class RolloutPipeline:
             batch.batch[TOKEN_VERSIONS] = versions
         metrics = {**job.metrics, "timing_s/gen": job.gen_seconds}
         return Generated(job.index, batch, job.loader_state, metrics)
-
-
-class PumpingGroup:
-    """A trainer worker-group view whose blocking calls advance the pipeline when they return (the trainer's
-    workers are idle then). After update_actor the trainer pumps itself, once the new version is recorded."""
-
-    QUIET = ("update_actor",)
-
-    def __init__(self, group, pump: Callable[[], None]):
-        self._group, self._pump = group, pump
-
-    def __getattr__(self, name: str):
-        attribute = getattr(self._group, name)
-        if not callable(attribute) or name in self.QUIET:
-            return attribute
-
-        def call(*args, **kwargs):
-            result = attribute(*args, **kwargs)
-            if not isinstance(result, GroupFuture):  # a non-blocking call leaves the workers busy
-                self._pump()
-            return result
-
-        return call
