@@ -1,10 +1,12 @@
 """A recording stand-in for sglang's in-process Engine API (0.5.9–0.5.23 as documented in
 /work/shared/reference/engine-apis.md): ServerArgs validation, generate outputs, memory tags, weight-update
-sessions and their (success, message) statuses, MultiprocessingSerializer / LocalSerializedTensor."""
+sessions and their (success, message) statuses, MultiprocessingSerializer / LocalSerializedTensor, and the HTTP
+server over the same Engine (fake_sglang_server.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import multiprocessing as mp
 import os
@@ -17,6 +19,7 @@ import msgspec
 from packaging.version import Version
 
 from engine_fakes._install import install, module
+from engine_fakes.fake_sglang_server import make_launch_server
 
 GPU_MEMORY_ALL_TYPES = ["kv_cache", "weights", "cuda_graph"]
 ENV_SEEN = ("CUDA_VISIBLE_DEVICES", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "SGLANG_BLOCK_NONZERO_RANK_CHILDREN",
@@ -25,7 +28,8 @@ _BASE_FIELDS: list[tuple[str, Any]] = [
     ("model_path", None), ("tokenizer_path", None), ("skip_tokenizer_init", False), ("trust_remote_code", False),
     ("dtype", "auto"), ("load_format", "auto"), ("mem_fraction_static", None), ("enable_memory_saver", False),
     ("enable_weights_cpu_backup", False), ("tp_size", 1), ("dp_size", 1), ("base_gpu_id", 0), ("gpu_id_step", 1),
-    ("nnodes", 1), ("node_rank", 0), ("dist_init_addr", None), ("port", 30000), ("nccl_port", None),
+    ("nnodes", 1), ("node_rank", 0), ("dist_init_addr", None), ("host", "127.0.0.1"), ("port", 30000),
+    ("nccl_port", None),
     ("random_seed", None), ("context_length", None), ("max_running_requests", None), ("chunked_prefill_size", None),
     ("disable_cuda_graph", False), ("disable_prefill_cuda_graph", False), ("disable_radix_cache", False),
     ("log_level", "error"),
@@ -43,15 +47,16 @@ def server_args_class(version: Version) -> type:
 
 
 class MultiprocessingSerializer:
-    """CPU stand-in for CUDA-IPC handles: the bytes carry the tensor itself."""
+    """CPU stand-in for CUDA-IPC handles: the bytes carry the tensor itself (base64 text with output_str, for HTTP)."""
 
     @staticmethod
-    def serialize(obj) -> bytes:
-        return pickle.dumps(obj)
+    def serialize(obj, output_str: bool = False) -> bytes | str:
+        data = pickle.dumps(obj)
+        return base64.b64encode(data).decode() if output_str else data
 
     @staticmethod
-    def deserialize(data: bytes):
-        return pickle.loads(data)
+    def deserialize(data: bytes | str):
+        return pickle.loads(base64.b64decode(data) if isinstance(data, str) else data)
 
 
 @dataclass
@@ -291,6 +296,10 @@ def install_fake_sglang(version: str, dist_dir: str, requires_session: bool | No
         ),
         "sglang.srt.constants": module("sglang.srt.constants", GPU_MEMORY_ALL_TYPES=list(GPU_MEMORY_ALL_TYPES)),
         "sglang.srt.model_executor": module("sglang.srt.model_executor"),
+        "sglang.srt.entrypoints": module("sglang.srt.entrypoints"),
+        "sglang.srt.entrypoints.http_server": module(
+            "sglang.srt.entrypoints.http_server",
+            launch_server=make_launch_server(state, engine_cls, MultiprocessingSerializer)),
     }
     # LocalSerializedTensor moved from model_runner to model_runner_components.weight_updater (0.5.17 has it there)
     if parsed.release >= (0, 5, 17):

@@ -138,3 +138,13 @@ def test_an_engine_without_partial_rollout_is_named_with_the_capability():
                               "continue it with new weights, but actor_rollout_ref.rollout.name=helpers.faulty_engines"
                               ":SlowEngine cannot (SlowEngine.supports_partial_rollout is False); use ")
     assert "actor_rollout_ref.rollout.name=sglang" in problem and "actor_rollout_ref.rollout.name=vllm" in problem
+
+
+def test_sglang_requests_cancelled_before_they_reach_the_engine_are_dropped(tmp_path, undo):
+    """An interruption before the first step: the engine never receives the requests (an abort could not reach
+    them), and every row comes back unfinished with no token."""
+    state, engine = build("sglang", tmp_path, undo)
+    out = engine.generate(prompts([[5, 6, 7], [9, 4]]), lambda: True)
+    assert out.batch["rollout_finished"].tolist() == [False, False]
+    assert out.batch["rollout_new_tokens"].tolist() == [0, 0] and out.batch["response_mask"].sum() == 0
+    assert not [c for c in state.calls if c[0] in ("async_generate", "abort_request")]

@@ -34,6 +34,8 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
             problems.append(f"{key} needs a rollout engine that {what}, but {ROLLOUT}.name={name} cannot "
                             f"({engine.__name__}.{capability} is False); use {_alternatives(capability)}")
     tp = rollout.tensor_model_parallel_size
+    if rollout.server.enable:
+        problems += _server_problems(cfg, tp)
     if engine.tensor_parallel_in_lockstep and tp > 1:
         for key in _timing_dependent(cfg):
             problems.append(f"{key} with {ROLLOUT}.name={name} needs {ROLLOUT}.tensor_model_parallel_size=1 (got "
@@ -41,6 +43,18 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
                             "order, which requests that depend on timing (tool calls, interruptions) break; use "
                             "sglang or native")
     return problems
+
+
+def _server_problems(cfg, tp: int) -> list[str]:
+    """A server is one process on one node: its tensor-parallel group must fit the node."""
+    colocated = cfg.actor_rollout_ref.hybrid_engine
+    key = "trainer.n_gpus_per_node" if colocated else "rollout.n_gpus_per_node"
+    gpus = cfg.trainer.n_gpus_per_node if colocated else cfg.rollout.n_gpus_per_node
+    if tp <= gpus:
+        return []
+    return [f"{ROLLOUT}.server.enable=true with {ROLLOUT}.tensor_model_parallel_size={tp} > {key}={gpus}: an engine "
+            "server runs on one node, so its tensor-parallel group must fit one; lower tensor_model_parallel_size or "
+            "turn server mode off"]
 
 
 def _needs(cfg) -> dict[str, tuple[str, str]]:

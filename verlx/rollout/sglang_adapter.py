@@ -40,6 +40,7 @@ MANAGED_SERVER_ARGS = frozenset(
         "nnodes",
         "node_rank",
         "dist_init_addr",
+        "host",
         "port",
         "nccl_port",
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import multiprocessing as mp
 import os
 import socket
@@ -34,7 +35,7 @@ from verlx.rollout.sglang_adapter import (
     server_arg_names,
     sglang_sampling_params,
 )
-from verlx.rollout.stream import Finished, RequestStream, StreamLimits
+from verlx.rollout.stream import ABORT, Finished, RequestStream, StreamLimits
 from verlx.rollout.tp_group import TensorParallelGroup
 from verlx.rollout.weight_sync import (
     bucket_bytes_of,
@@ -46,6 +47,7 @@ from verlx.rollout.weight_sync import (
 from verlx.utils.environ import scoped_environ
 from verlx.utils.memory import ALLOC_CONF_ENV, alloc_conf_without_expandable_segments, set_expandable_segments
 
+logger = logging.getLogger(__name__)
 ENGINE = "sglang"
 #: how long a step waits for a request to finish before it returns (an interruption is seen within this)
 STEP_WAIT_S = 0.05
@@ -88,6 +90,7 @@ class SGLangRolloutEngine(ExternalEngine):
     name = "sglang"
     requires_package = "sglang"
     supports_partial_rollout = True
+    supports_server = True  # rollout.server.enable: SGLang's HTTP server per replica (sglang_server.py)
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
@@ -137,12 +140,15 @@ class SGLangRolloutEngine(ExternalEngine):
             raise RuntimeError(f"sglang engine start failed on a tensor-parallel peer: {failures}")
 
     def _launch(self, visible_devices: str | None):
-        """sglang.Engine() with the environment its spawned processes need; the trainer's own is put back."""
+        """sglang.Engine() with the environment its spawned processes need (the trainer's own is put back), or in
+        server mode SGLang's HTTP server in a process of its own with that environment."""
         env: dict[str, str | None] = {**self.features.construction_env(), **graph_memory_env(self.server_args)}
         env["NCCL_NVLS_ENABLE"] = os.environ.get("NCCL_NVLS_ENABLE", "0")
         env[ALLOC_CONF_ENV] = alloc_conf_without_expandable_segments(os.environ.get(ALLOC_CONF_ENV))
         if visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices
+        if self.config.server.enable:
+            return self._launch_server(env)
         start_method = mp.get_start_method(allow_none=True)
         set_expandable_segments(False)
         try:
@@ -152,6 +158,25 @@ class SGLangRolloutEngine(ExternalEngine):
                 return sglang.Engine(**self.server_args)
         finally:
             mp.set_start_method(start_method, force=True)
+
+    def _launch_server(self, env: dict[str, str | None]):
+        from verlx.rollout.sglang_server import launch_sglang_server
+
+        server = self.config.server
+        replica_on_node = self.layout.node_peer_ranks[0] % self.layout.n_gpus_per_node // self.layout.tp_size
+        port = self.layout.port if server.port is None else int(server.port) + replica_on_node
+        self.server_args = {**self.server_args, "host": server.host, "port": port}
+        child_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+        client = launch_sglang_server(self.server_args, child_env, float(server.startup_timeout_s), self.ctx.rank,
+                                      self.layout.tp_size)
+        logger.info("rollout rank %d: sglang server at %s (log %s)", self.ctx.rank, client.url, client.log_path)
+        return client
+
+    @property
+    def server_url(self) -> str | None:
+        """Where this replica's server answers (server mode, on the rank that started it), for an agent framework
+        that sends its own requests during the rollout."""
+        return self._engine.url if self.config.server.enable and self._engine is not None else None
 
     @staticmethod
     def _non_weight_tags() -> list[str]:
@@ -267,37 +292,46 @@ class SGLangStream(RequestStream):
     """Engine.async_generate per request, a task on the engine's own event loop (its tokenizer manager is bound to
     it; the scheduler processes generate whatever this process does). A step runs the loop until a request finished
     (or STEP_WAIT_S passed); from a coroutine on that loop it awaits one instead. A prompt's samples go as one
-    request with n (SGLang prefills the prompt once for all of them). Cancelling is
-    TokenizerManager.abort_request: one abort_all when every request still running is cancelled (as veRL did),
-    else one per request id; an aborted request comes back with the tokens it had."""
+    request with n (SGLang prefills the prompt once for all of them; such a group is cancelled whole). Requests are
+    sent at the next step; cancelling one not sent yet drops it here, the others go through
+    TokenizerManager.abort_request: one abort_all when every request still running is cancelled (as veRL did), else
+    one per request id, and an aborted request comes back with the tokens it had."""
 
     def __init__(self, engine, params: SamplingParams, limits: StreamLimits, want_log_probs: bool, prefix: str):
         super().__init__(params, limits, want_log_probs)
         self.engine, self.loop, self.prefix = engine, engine.loop, prefix
+        self._unsent: list[tuple[list[str], list[int], dict]] = []  # submitted, sent to the engine at the next step
         self._tasks: dict[asyncio.Task, list[str]] = {}
         self._aborting: set[str] = set()
 
     def _submit(self, key, prompt_ids, max_new_tokens, seed, follows) -> None:
-        self._start([key], prompt_ids, max_new_tokens)
+        self._queue([key], prompt_ids, max_new_tokens)
 
     def _submit_samples(self, keys, prompt_ids, max_new_tokens, seeds) -> None:
-        self._start(keys, prompt_ids, max_new_tokens)
+        self._queue(keys, prompt_ids, max_new_tokens)
 
-    def _start(self, keys: list[str], prompt_ids: list[int], max_new_tokens: int) -> None:
+    def _queue(self, keys: list[str], prompt_ids: list[int], max_new_tokens: int) -> None:
         params = dataclasses.replace(self.params, n=len(keys), max_new_tokens=max_new_tokens)
-        rids = [self.prefix + key for key in keys]
-        request = self.engine.async_generate(input_ids=prompt_ids, sampling_params=sglang_sampling_params(params),
-                                             return_logprob=self.want_log_probs,
-                                             rid=rids if len(rids) > 1 else rids[0])
-        self._tasks[self.loop.create_task(request)] = keys
+        self._unsent.append((keys, prompt_ids, sglang_sampling_params(params)))
+
+    def _send(self) -> None:
+        for keys, prompt_ids, sampling in self._unsent:
+            rids = [self.prefix + key for key in keys]
+            request = self.engine.async_generate(input_ids=prompt_ids, sampling_params=sampling,
+                                                 return_logprob=self.want_log_probs,
+                                                 rid=rids if len(rids) > 1 else rids[0])
+            self._tasks[self.loop.create_task(request)] = keys
+        self._unsent = []
 
     def _step(self) -> list[Finished]:
+        self._send()
         if self._tasks and not self.loop.is_running():
             self.loop.run_until_complete(asyncio.wait(list(self._tasks), timeout=STEP_WAIT_S,
                                                       return_when=asyncio.FIRST_COMPLETED))
         return self._collect()
 
     async def _progress(self) -> None:
+        self._send()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=STEP_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
 
@@ -311,10 +345,14 @@ class SGLangStream(RequestStream):
         return out
 
     def _cancel(self, keys: set[str]) -> list[Finished]:
+        unsent = [request for request in self._unsent if keys & set(request[0])]
+        self._unsent = [request for request in self._unsent if not keys & set(request[0])]
+        dropped = [Finished(key, [], [] if self.want_log_probs else None, ABORT) for group, _, _ in unsent
+                   for key in group]
         running = {k for task, ks in self._tasks.items() if not task.done() for k in ks} - self._aborting
         targets = keys & running
         if not targets:
-            return []
+            return dropped
         manager = self.engine.tokenizer_manager
         if targets == running:
             manager.abort_request(abort_all=True)
@@ -322,4 +360,4 @@ class SGLangStream(RequestStream):
             for key in sorted(targets):
                 manager.abort_request(rid=self.prefix + key)
         self._aborting |= targets
-        return []
+        return dropped
