@@ -160,7 +160,8 @@ def test_server_mode_trains_through_the_engines_http_servers(ray_cpu, tiny_model
     run_ppo(make_config(tiny_model_dir, arithmetic_data_dir, tmp_path / "in_process", *common))
     port = 20000 + os.getpid() % 20000
     run_ppo(make_config(tiny_model_dir, arithmetic_data_dir, tmp_path / "server", *common,
-                        "actor_rollout_ref.rollout.server.enable=true", f"actor_rollout_ref.rollout.server.port={port}"))
+                        "actor_rollout_ref.rollout.server.enable=true",
+                        f"actor_rollout_ref.rollout.server.port={port}"))
     for rank in (0, 1):  # each replica's server served the pushes and the generations (its request log)
         with open(os.path.join(tempfile.gettempdir(), f"verlx_sglang_server_rank{rank}_port{port + rank}.log")) as f:
             served = f.read()
