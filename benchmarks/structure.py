@@ -1,5 +1,6 @@
 """The package structure in numbers: packages and their lines, import circles, imports that climb the layers, and
-the files that name each rollout engine (what adding or changing an engine touches).
+the files whose code (comments and docstrings left out) names each rollout engine (what adding or changing an engine
+touches).
 
     python benchmarks/structure.py [--root verlx]
 
@@ -62,6 +63,17 @@ def imports(path: str, top_level_only: bool) -> set[str]:
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read()
+
+
+def _code(path: str) -> str:
+    """The module's code without comments and docstrings (what it does, not what it says)."""
+    tree = ast.parse(_read(path), path)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
 
 
 def package_of(module: str) -> str:
@@ -135,10 +147,10 @@ def report(root: str) -> dict:
                 module_graph[module].add(target)
     engine_files = {}
     for engine in ENGINES:
-        pattern = re.compile(rf"\b{engine}\b")
+        pattern = re.compile(rf"\b{engine}\b", re.IGNORECASE)
         engine_files[engine] = sorted(
             os.path.relpath(path, os.path.dirname(os.path.abspath(root))) for path in known.values()
-            if pattern.search(_read(path)))
+            if pattern.search(_code(path)))
     return {
         "packages": {p: (files[p], lines[p]) for p in sorted(lines, key=lambda p: -LAYERS.get(p, 0))},
         "package_circles": strongly_connected(package_graph),

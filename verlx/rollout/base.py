@@ -184,6 +184,8 @@ class RolloutEngine(abc.ABC):
     supports_partial_rollout: ClassVar[bool] = False
     #: can serve its requests from an HTTP server of its own (actor_rollout_ref.rollout.server.enable)
     supports_server: ClassVar[bool] = False
+    #: shards one replica over several GPUs (rollout.tensor_model_parallel_size > 1)
+    supports_tensor_parallel: ClassVar[bool] = True
     #: tensor-parallel peers each drive their share and must submit the same requests in the same order (vLLM's
     #: SPMD mode): requests whose order depends on timing (tool calls, interruptions) need tensor parallel size 1
     tensor_parallel_in_lockstep: ClassVar[bool] = False

@@ -36,12 +36,18 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
     tp = rollout.tensor_model_parallel_size
     if rollout.server.enable:
         problems += _server_problems(cfg, tp)
+    if tp > 1 and not engine.supports_tensor_parallel:
+        problems.append(f"{ROLLOUT}.tensor_model_parallel_size={tp} needs a rollout engine that shards a replica over "
+                        f"several GPUs, but {ROLLOUT}.name={name} cannot ({engine.__name__}.supports_tensor_parallel "
+                        f"is False); set it to 1 (each GPU then generates its own data-parallel shard) or use "
+                        f"{_alternatives('supports_tensor_parallel')}")
     if engine.tensor_parallel_in_lockstep and tp > 1:
+        independent = [n for n in _able("supports_tensor_parallel") if n in _able("tensor_parallel_in_lockstep", False)]
         for key in _timing_dependent(cfg):
             problems.append(f"{key} with {ROLLOUT}.name={name} needs {ROLLOUT}.tensor_model_parallel_size=1 (got "
                             f"{tp}): the engine's tensor-parallel peers must receive the same requests in the same "
-                            "order, which requests that depend on timing (tool calls, interruptions) break; use "
-                            "sglang or native")
+                            "order, which requests that depend on timing (tool calls, interruptions) break; or use "
+                            + " or ".join(f"{ROLLOUT}.name={n}" for n in independent))
     return problems
 
 
@@ -84,8 +90,12 @@ def _timing_dependent(cfg) -> list[str]:
     return keys
 
 
-def _alternatives(capability: str) -> str:
+def _able(capability: str, wanted: bool = True) -> list[str]:
+    """The registered engines whose class declares `capability` as `wanted`."""
     from verlx.rollout.base import ROLLOUT_ENGINES
 
-    able = [n for n in ROLLOUT_ENGINES.names() if getattr(ROLLOUT_ENGINES.get(n), capability, False)]
-    return " or ".join(f"{ROLLOUT}.name={n}" for n in able) or "another engine"
+    return [n for n in ROLLOUT_ENGINES.names() if getattr(ROLLOUT_ENGINES.get(n), capability, False) == wanted]
+
+
+def _alternatives(capability: str) -> str:
+    return " or ".join(f"{ROLLOUT}.name={n}" for n in _able(capability)) or "another engine"

@@ -19,6 +19,7 @@ class HFEngine(RolloutEngine):
     there is nothing to pause (no partial rollout)."""
 
     name = "hf"
+    supports_tensor_parallel = False
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)

@@ -76,6 +76,7 @@ class NativeEngine(RolloutEngine):
 
     name = "native"
     supports_partial_rollout = True
+    supports_tensor_parallel = False
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
