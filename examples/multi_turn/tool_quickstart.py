@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         run([PYTHON, "-m", "verlx.trainer.main_sft", f"data.train_files={data}/train.parquet", "data.val_files=null",
              "data.max_length=160", f"model.partial_pretrain={model}", f"trainer.default_local_dir={sft}",
              f"trainer.output_dir={out}/sft_logs", f"trainer.total_training_steps={args.sft_steps}",
-             "trainer.target_val_accuracy=null", "trainer.log_freq=50"], env)
+             "data.train_batch_size=64", "data.micro_batch_size_per_gpu=64", "trainer.target_val_accuracy=null",
+             "trainer.log_freq=50"], env)
     metrics = os.path.join(rl, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)

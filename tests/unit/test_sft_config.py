@@ -101,9 +101,9 @@ def test_cross_key_checks_report_every_problem():
     assert "trainer.device='gpu'" in message
     assert len(err.value.problems) == 6  # n_gpus_per_node=4 matches the 4 processes: no problem there
     with pytest.raises(ConfigError, match=r"trainer.target_val_accuracy=0.15 needs validation during training"):
-        validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}, "data": {"val_files": None}}), 1)
-    validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}, "data": {"val_files": None},
-                                   "trainer": {"target_val_accuracy": None}}), 1)
+        validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}, "data": {"val_files": None},
+                                       "trainer": {"target_val_accuracy": 0.15}}), 1)
+    validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}, "data": {"val_files": None}}), 1)
     with pytest.raises(ConfigError, match=r"trainer.nnodes × trainer.n_gpus_per_node = 4 but the launcher started 2"):
         validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}, "trainer": {"n_gpus_per_node": 4}}), 2)
     validate_sft(build(SFTConfig, {"model": {"partial_pretrain": "/m"}}), world_size=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,3 +120,16 @@ def test_validation_generations_show_the_failure(tmp_path, tokenizer, val_batche
 
     records = [json.loads(line) for line in (tmp_path / "val_dump" / "val_1.jsonl").read_text().splitlines()]
     assert [r["reward_status"] for r in records] == ["ok", "error", "ok", "ok", "ok", "ok"]
+
+
+def test_standard_error_of_the_mean_over_prompts():
+    from verlx.trainer.validation import summarise
+
+    # 4 prompts × n=2 samples: per-prompt means 0.5, 1, 0, 0.5 → mean 0.5, sample variance (0 + .25 + .25 + 0) / 3
+    scores = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    sources = np.array(["a"] * 8, dtype=object)
+    metrics = summarise(scores, sources, 2, {}, np.array(["ok"] * 8, dtype=object))
+    assert metrics["val-core/a/reward/mean@2"] == 0.5
+    assert metrics["val-aux/a/reward/sem@2"] == pytest.approx(np.sqrt((0.5 / 3) / 4), rel=1e-12)
+    one = summarise(np.array([1.0]), np.array(["a"], dtype=object), 1, {}, np.array(["ok"], dtype=object))
+    assert one["val-aux/a/reward/sem@1"] == 0.0  # one prompt: no spread to estimate

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from verlx.algorithms.groups import group_ids
+from verlx.algorithms.groups import group_ids, uniform_groups
 
 _TENSOR_METRICS = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_rewards"}
 
@@ -44,8 +44,6 @@ def keep_informative_groups(data, metric: str) -> np.ndarray:
         raise KeyError("dynamic sampling needs non_tensor_batch['uid'] (one id per prompt, shared by its samples)")
     values = _metric_values(data, metric)
     ids, num_groups = group_ids(data.non_tensor_batch["uid"])
-    group_max = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, ids, values, "amax")
-    group_min = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, ids, values, "amin")
-    count = torch.bincount(ids, minlength=num_groups)
-    keep_group = (group_max > group_min) | (count == 1)
+    uniform, count = uniform_groups(values, ids, num_groups)
+    keep_group = ~uniform | (count == 1)
     return torch.nonzero(keep_group[ids]).reshape(-1).numpy()

@@ -50,6 +50,17 @@ def group_stats(scores: torch.Tensor, ids: torch.Tensor, num_groups: int) -> Gro
     return GroupStats(count=count[ids], mean=mean[ids], std=std[ids])
 
 
+def uniform_groups(values: torch.Tensor, ids: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group: whether all its values are equal (a group whose group-relative advantages are all 0), and its
+    sample count; both shape [G]."""
+    values = values.double()
+    low = torch.full((num_groups,), torch.inf, dtype=values.dtype, device=values.device)
+    high = torch.full((num_groups,), -torch.inf, dtype=values.dtype, device=values.device)
+    low = low.scatter_reduce(0, ids, values, "amin")
+    high = high.scatter_reduce(0, ids, values, "amax")
+    return high <= low, torch.bincount(ids, minlength=num_groups)
+
+
 def group_weighted_mean(scores: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                         num_groups: int) -> torch.Tensor:
     """sum(w * s) / sum(w) within each group, per sample (0 where a group's weights sum to 0)."""

@@ -24,8 +24,8 @@ class SFTDataConfig:
     reward_fn_key: str = "data_source"
     max_length: int = 512
     truncation: str = "error"
-    train_batch_size: int = 64
-    micro_batch_size_per_gpu: int = 64
+    train_batch_size: int = 32
+    micro_batch_size_per_gpu: int = 32
     shuffle: bool = True
     val_batch_size: int = 250
     val_max_new_tokens: int = 32
@@ -58,10 +58,10 @@ class SFTTrainerConfig:
     project_name: str = "verlx_sft"
     experiment_name: str = "arithmetic"
     total_epochs: int = 1000
-    total_training_steps: int | None = 800
+    total_training_steps: int | None = 600
     log_freq: int = 20
-    test_freq: int = 20
-    target_val_accuracy: float | None = 0.15
+    test_freq: int = 100
+    target_val_accuracy: float | None = None
     logger: str | list[str] = field(default_factory=lambda: ["console", "file"])
     seed: int = 1
     device: str = "auto"

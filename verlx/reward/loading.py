@@ -11,8 +11,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from verlx.reward.scores import default_compute_score
+from verlx.reward.scores import SCORE_FUNCTIONS, default_compute_score
 from verlx.utils.paths import expand_path
+from verlx.utils.registry import UnknownNameError
 from verlx.utils.user_code import import_file
 
 _CALL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -83,3 +84,14 @@ def load_reward_function(config) -> Callable:
             )
         return default_compute_score
     return FileRewardFunction(config.path, config.name, dict(config.reward_kwargs or {}))
+
+
+def describe_reward_function(config, data_source: str) -> str:
+    """Which function scores `data_source` under a CustomRewardFunctionConfig, as a user would look it up."""
+    if config.path:
+        return f"custom_reward_function {config.name} in {expand_path(config.path, absolute=True)}"
+    try:
+        fn = SCORE_FUNCTIONS.get(data_source)
+    except UnknownNameError:
+        return f"the built-in score for data_source {data_source!r} (none is registered)"
+    return f"the built-in score for data_source {data_source!r} ({fn.__module__}.{fn.__qualname__})"

@@ -16,6 +16,7 @@ from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
+from verlx.reward.loading import describe_reward_function
 from verlx.rollout.agent.metrics import agent_input_keys, multi_turn_metrics
 from verlx.single_controller.ray import (
     RayClassWithInitArgs,
@@ -36,6 +37,7 @@ from verlx.trainer.perf_metrics import (
 )
 from verlx.trainer.resume import ResumePoint, plan_resume
 from verlx.trainer.reward_scoring import RewardScorer
+from verlx.trainer.reward_signal import RewardSignalMonitor
 from verlx.trainer.rollout_modes.staleness import staleness_metrics, stamp
 from verlx.trainer.validation import Validator
 from verlx.utils.paths import expand_path
@@ -80,6 +82,8 @@ class RayPPOTrainer:
         self.rollout_group = self.pipeline = None
         self.scorer, self.val_scorer = RewardScorer(config, reward_fn), RewardScorer(config, val_reward_fn)
         self.profiles_steps = profile_plan(config) is not None  # the workers are told each step's number
+        self.reward_signal = RewardSignalMonitor(
+            lambda source: describe_reward_function(config.custom_reward_function, source), config.data.reward_fn_key)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -269,6 +273,7 @@ class RayPPOTrainer:
                 batch = self._rollout_and_score(batch, metrics, timing)
             else:
                 batch = self._score_generated(generated, metrics, timing)
+            metrics.update(self.reward_signal.observe(batch, self.global_step))
             if cfg.algorithm.filter_groups.enable:
                 batch = self._fill_with_informative_groups(batch, more_batches, metrics, timing)
             if cfg.trainer.balance_batch:

@@ -79,8 +79,10 @@ class Validator:
 
 def summarise(scores: np.ndarray, sources: np.ndarray, n: int, extras: dict[str, np.ndarray],
               statuses: np.ndarray) -> dict[str, float]:
-    """Rows come in groups of n (one prompt each). mean@n over all samples; best@n / worst@n over groups; failed
-    scorings (errors, timeouts: counts of samples; error_rate: both over the samples) with training's names."""
+    """Rows come in groups of n (one prompt each). mean@n over all samples; best@n / worst@n over groups; the
+    reward's sem@n, the standard error of mean@n over the prompts (so a gain smaller than about two of them cannot
+    be told from the luck of the draw of the validation prompts); failed scorings (errors, timeouts: counts of
+    samples; error_rate: both over the samples) with training's names."""
     metrics: dict[str, float] = {}
     series = {"reward": scores, **extras}
     for source in sorted(set(sources.tolist())):
@@ -94,6 +96,10 @@ def summarise(scores: np.ndarray, sources: np.ndarray, n: int, extras: dict[str,
             v = values[rows]
             metrics[f"val-core/{source}/{name}/mean@{n}" if name == "reward" else
                     f"val-aux/{source}/{name}/mean@{n}"] = float(v.mean())
+            if name == "reward":
+                per_prompt = v.reshape(-1, n).mean(1)
+                spread = per_prompt.std(ddof=1) if len(per_prompt) > 1 else 0.0
+                metrics[f"val-aux/{source}/reward/sem@{n}"] = float(spread / np.sqrt(len(per_prompt)))
             if n > 1:
                 groups = v.reshape(-1, n)
                 metrics[f"val-aux/{source}/{name}/best@{n}/mean"] = float(groups.max(1).mean())

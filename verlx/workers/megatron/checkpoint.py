@@ -28,6 +28,10 @@ from verlx.workers.megatron.architectures import model_dims
 from verlx.workers.megatron.weight_layout import is_tied_copy, param_specs, split_to_hf, te_name
 
 DIST_SUBDIR = "dcp"
+# The distributed optimizer's state in a layout-independent form (gathered per DP group on save, sliced on load).
+# megatron-core 0.16's default, fully_sharded_model_space, is deprecated and fails on save ("ShardedTensor.
+# flattened_range is not supported", 2 x H100, 2026-11-26); dp_reshardable would pin the checkpoint to one TP/PP layout.
+OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 class MegatronCheckpointManager:
@@ -39,7 +43,8 @@ class MegatronCheckpointManager:
     def _sharded(self, is_loading: bool) -> dict:
         state = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(self.chunks)}
         if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.sharded_state_dict(dict(state), is_loading=is_loading)
+            state["optimizer"] = self.optimizer.sharded_state_dict(dict(state), is_loading=is_loading,
+                                                                    metadata=OPTIMIZER_SHARDING)
         return state
 
     def save(self, path: str) -> None:
