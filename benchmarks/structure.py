@@ -132,10 +132,8 @@ def report(root: str) -> dict:
         with open(path) as f:
             lines[package] += sum(1 for _ in f)
         files[package] += 1
-        for name in imports(path, top_level_only=False):
-            target = resolve(name, known)
-            if target is None or target == module:
-                continue
+        targets = {resolve(name, known) for name in imports(path, top_level_only=False)} - {None, module}
+        for target in sorted(targets):
             other = package_of(target)
             if other not in (package, "verlx"):
                 package_graph[package].add(other)

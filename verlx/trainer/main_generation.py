@@ -212,7 +212,7 @@ def run_generation(config: GenerationConfig) -> str:
     from verlx.rollout.base import resolve_engine_name
     from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool
     from verlx.trainer.ray_startup import start_ray, use_gpus
-    from verlx.utils.hf_paths import resolve_model_paths
+    from verlx.config.hf_paths import resolve_model_paths
     from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from verlx.workers.groups import ActorRolloutRefGroup
     from verlx.workers.tokenizer import load_tokenizer

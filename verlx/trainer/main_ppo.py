@@ -31,7 +31,7 @@ def check_engine_capabilities(config: PPOConfig, resolved_name: str) -> None:
 
 def resolve_hub_models(config: PPOConfig) -> None:
     """Hub ids ("Qwen/Qwen2.5-0.5B-Instruct") in the model paths become local snapshot directories, once, here."""
-    from verlx.utils.hf_paths import resolve_model_paths
+    from verlx.config.hf_paths import resolve_model_paths
 
     sections = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
     if uses_critic_if_known(config):

@@ -44,7 +44,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
 
     from verlx.trainer.sft_trainer import SFTTrainer
     from verlx.utils.distributed import init_distributed
-    from verlx.utils.hf_paths import resolve_model_paths
+    from verlx.config.hf_paths import resolve_model_paths
 
     _single_process_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
