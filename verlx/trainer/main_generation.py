@@ -208,11 +208,11 @@ def run_generation(config: GenerationConfig) -> str:
     """Validate, generate, write; returns the output path."""
     import ray
 
+    from verlx.config.hf_paths import resolve_model_paths
     from verlx.data.parquet import read_parquet_table
     from verlx.rollout.base import resolve_engine_name
     from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool
     from verlx.trainer.ray_startup import start_ray, use_gpus
-    from verlx.config.hf_paths import resolve_model_paths
     from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from verlx.workers.groups import ActorRolloutRefGroup
     from verlx.workers.tokenizer import load_tokenizer
