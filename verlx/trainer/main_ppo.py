@@ -1,6 +1,8 @@
 """`python -m verlx.trainer.main_ppo key=value ...`: validate the config, build data and rewards, start Ray, train.
 
-Everything that can be wrong with the input is checked here, before Ray starts or any GPU time is spent.
+Everything that can be wrong with the input is checked here, before Ray starts or any GPU time is spent. `prepare`
+is the one place the driver resolves the config (hub model paths, veRL's keys folded onto verlx's, the engine
+`auto` names, the total training steps); nothing changes it afterwards.
 """
 
 from __future__ import annotations
@@ -66,9 +68,20 @@ def prepare(config: PPOConfig):
     tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
                                "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path"))
     train_loader, val_loader = build_dataloaders(config, tokenizer)
+    config.trainer.total_training_steps = total_training_steps(config, train_loader)
     check_agent_data(config, tokenizer, train_loader, val_loader)
     reward_fn = build_reward_manager(config, tokenizer)
     return use_gpu, tokenizer, train_loader, val_loader, reward_fn
+
+
+def total_training_steps(config: PPOConfig, train_loader) -> int:
+    """trainer.total_training_steps, or the loader's batches per epoch times trainer.total_epochs when it is null."""
+    t = config.trainer
+    per_epoch = len(train_loader)
+    if per_epoch == 0:
+        raise ConfigError([f"the training set yields no batch of data.train_batch_size={config.data.train_batch_size} "
+                           f"prompts ({len(train_loader.dataset)} rows); lower the batch size or add data"])
+    return per_epoch * t.total_epochs if t.total_training_steps is None else t.total_training_steps
 
 
 def check_agent_data(config: PPOConfig, tokenizer, train_loader, val_loader) -> None:

@@ -74,8 +74,12 @@ class RayPPOTrainer:
         self.global_step = 0
         self.initial_loader_state = train_loader.state_dict()
         self.hf_config = _load_model_config(config)
-        self.total_steps = self._total_steps()
-        config.trainer.total_training_steps = self.total_steps
+        if config.trainer.total_training_steps is None:
+            raise ValueError("trainer.total_training_steps is unresolved: build the trainer from main_ppo.prepare's "
+                             "config, which resolves it from the data")
+        self.total_steps = config.trainer.total_training_steps
+        #: trainer.resume_mode, until a restart after a worker died resumes from the newest intact checkpoint
+        self.resume_mode = config.trainer.resume_mode
         self.resume_point: ResumePoint | None = None
         self.resume_planned = False
         self.policy_version = 0  # training steps whose update is done: the weights' version (docs/async.md)
@@ -84,16 +88,6 @@ class RayPPOTrainer:
         self.profiles_steps = profile_plan(config) is not None  # the workers are told each step's number
         self.reward_signal = RewardSignalMonitor(
             lambda source: describe_reward_function(config.custom_reward_function, source), config.data.reward_fn_key)
-
-    def _total_steps(self) -> int:
-        t = self.config.trainer
-        per_epoch = len(self.train_loader)
-        if per_epoch == 0:
-            raise ValueError(
-                f"the training set yields no batch of data.train_batch_size={self.config.data.train_batch_size} "
-                f"prompts ({len(self.train_loader.dataset)} rows); lower the batch size or add data"
-            )
-        return per_epoch * t.total_epochs if t.total_training_steps is None else t.total_training_steps
 
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
@@ -144,7 +138,7 @@ class RayPPOTrainer:
     def prepare_restart(self) -> None:
         """After a worker died: new workers, resume from the latest complete checkpoint (or from the start)."""
         self.shutdown()
-        self.config.trainer.resume_mode = "auto"
+        self.resume_mode = "auto"
         self.global_step = self.policy_version = 0
         self.train_loader.load_state_dict(self.initial_loader_state)
         if self.kl_ctrl is not None:
@@ -169,7 +163,8 @@ class RayPPOTrainer:
 
     def plan_resume(self) -> ResumePoint | None:
         """Pick, verify and compare the checkpoint to resume from; runs before any worker starts (trainer/resume.py)."""
-        self.resume_point = plan_resume(self.config, self.hf_config, self.total_steps, self.use_critic)
+        self.resume_point = plan_resume(self.config, self.hf_config, self.total_steps, self.use_critic,
+                                        self.resume_mode)
         self.resume_planned = True
         return self.resume_point
 
