@@ -213,7 +213,7 @@ def run_generation(config: GenerationConfig) -> str:
     from verlx.rollout.base import resolve_engine_name
     from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool
     from verlx.trainer.ray_startup import start_ray, use_gpus
-    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, WorkerRole
     from verlx.workers.groups import ActorRolloutRefGroup
     from verlx.workers.tokenizer import load_tokenizer
 
@@ -239,7 +239,7 @@ def run_generation(config: GenerationConfig) -> str:
     wg = None
     try:
         wg = ActorRolloutRefGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=ppo_config,
-                                                             role="rollout"), name="generation")
+                                                             role=WorkerRole(rollout=True)), name="generation")
         wg.set_timeouts(t.phase_timeout_s)
         wg.init_model()
         responses = generate_all(config, wg, ids, tokenizer)

@@ -44,7 +44,7 @@ from verlx.utils.paths import expand_path
 from verlx.utils.seqlen_balancing import balance_batch
 from verlx.utils.timer import timed
 from verlx.utils.tracking import Tracking
-from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, WorkerRole
 from verlx.workers.critic_worker import CriticWorker
 from verlx.workers.engine import engine_class
 from verlx.workers.groups import ROLE_GROUPS, ActorRolloutRefGroup, CriticGroup
@@ -98,7 +98,7 @@ class RayPPOTrainer:
         if self.use_critic:
             engine_class(self.config.critic.strategy, "critic.strategy")
         colocated = self.config.actor_rollout_ref.hybrid_engine
-        role = "_".join(["actor", *(["rollout"] if colocated else []), *(["ref"] if self.use_reference else [])])
+        role = WorkerRole(actor=True, rollout=colocated, ref=self.use_reference)
         roles = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=self.config, role=role)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=self.config)

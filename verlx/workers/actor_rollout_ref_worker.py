@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import torch
 
@@ -35,18 +36,36 @@ logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref")
 
 
-class ActorRolloutRefWorker(Worker, StepProfiling):
-    """`role` is any '_'-joined combination of actor, rollout and ref (e.g. actor_rollout_ref, ref)."""
+@dataclass(frozen=True)
+class WorkerRole:
+    """What one ActorRolloutRefWorker holds: the trainable actor, a rollout engine, the frozen reference. veRL
+    spells a role as its parts joined with '_' ("actor_rollout_ref", "ref"): `parse` reads that, `str` writes it."""
 
-    def __init__(self, config: PPOConfig, role: str = "actor_rollout_ref"):
-        super().__init__()
-        parts = set(role.split("_"))
-        unknown = parts - set(ROLES)
+    actor: bool = False
+    rollout: bool = False
+    ref: bool = False
+
+    @classmethod
+    def parse(cls, role: str | WorkerRole) -> WorkerRole:
+        if isinstance(role, WorkerRole):
+            return role
+        parts = [p for p in str(role).split("_") if p]
+        unknown = sorted(set(parts) - set(ROLES))
         if unknown or not parts:
-            raise ValueError(f"role {role!r}: parts must be among {ROLES}, got unknown {sorted(unknown)}")
+            raise ValueError(f"role {role!r}: parts must be among {ROLES} joined with '_', got unknown {unknown}")
+        return cls(**{p: True for p in parts})
+
+    def __str__(self) -> str:
+        return "_".join(p for p in ROLES if getattr(self, p))
+
+
+class ActorRolloutRefWorker(Worker, StepProfiling):
+    """`role`: a WorkerRole, or veRL's spelling of one (e.g. "actor_rollout_ref", "ref")."""
+
+    def __init__(self, config: PPOConfig, role: str | WorkerRole = "actor_rollout_ref"):
+        super().__init__()
         self.config = config
-        self.role = role
-        self.is_actor, self.is_rollout, self.is_ref = ("actor" in parts, "rollout" in parts, "ref" in parts)
+        self.role = WorkerRole.parse(role)
         self.actor = self.ref = self.engine = self.engine_ctx = self.agent_runner = None
         self.dp_size = self.world_size
         self.lora = False
@@ -61,7 +80,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     def fed_by_trainer(self) -> bool:
         """A rollout-only worker of hybrid_engine=false: its weights come from the trainer by broadcast
         (workers/weight_transfer.py), and its engine shares its device with nothing."""
-        return not self.is_actor and not self.config.actor_rollout_ref.hybrid_engine
+        return not self.role.actor and not self.config.actor_rollout_ref.hybrid_engine
 
     # ------------------------------------------------------------------ set-up
     @register(Dispatch.ONE_TO_ALL)
@@ -71,9 +90,9 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         settings = compile_cache_note(self.config.trainer.compile_cache_dir)  # before anything compiles
         process_baseline(self.device)  # the GPU's memory in use before this process builds anything
         import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
-        if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
+        if self.role.rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
-        if self.is_actor or self.is_ref:
+        if self.role.actor or self.role.ref:
             settings += self._resolve_auto_settings(model_path)
             self._init_training(model_path)
         # what verlx chose for the keys left open: the driver logs rank 0's (worker logs are not shown at INFO)
@@ -103,24 +122,24 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         cfg = self.config
         arr = cfg.actor_rollout_ref
         engine_cls = engine_class(arr.actor.strategy)
-        roles = {"actor_rollout_ref.actor": arr.actor} if self.is_actor else {}
-        if self.is_ref:
+        roles = {"actor_rollout_ref.actor": arr.actor} if self.role.actor else {}
+        if self.role.ref:
             roles["actor_rollout_ref.ref"] = arr.ref
         placement = engine_cls.place(roles, self.hf_config, self.world_size)
         self.set_dispatch_info("actor", placement.dp_rank, placement.dp_size, placement.is_collect)
         self.dp_size = placement.dp_size
         common = dict(path=model_path, model=arr.model, hf_config=self.hf_config, device=self.device,
                       total_steps=cfg.trainer.total_training_steps or 1)
-        if self.is_actor:
+        if self.role.actor:
             self.lora = arr.model.lora_rank > 0
-            if self.lora and self.is_rollout and self.rank == 0:
+            if self.lora and self.role.rollout and self.rank == 0:
                 logger.info("LoRA: the %s rollout engine receives the actor's weights with the adapters merged in "
                             "at every push (no engine here loads adapters separately)", arr.rollout.name)
             spec = ModelSpec("actor", role=arr.actor, lora=self.lora, tokenizer=self.tokenizer,
                              max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite_updates, **common)
             self.actor = PPOActor(arr.actor, engine_cls.build(spec, placement),
                                   rollout_correction=cfg.algorithm.rollout_correction, dp_size=placement.dp_size)
-        if self.is_ref:
+        if self.role.ref:
             if self.lora:  # the actor's own module with its adapters switched off
                 ref_engine = self.actor.engine.reference_view()
             else:
@@ -149,7 +168,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
 
     def _init_engine(self, model_path: str) -> None:
         rollout = self.config.actor_rollout_ref.rollout
-        if not self.is_actor and not self.fed_by_trainer and rollout.load_format.startswith("dummy"):
+        if not self.role.actor and not self.fed_by_trainer and rollout.load_format.startswith("dummy"):
             raise ValueError(
                 f"role {self.role} has no actor to push weights into its rollout engine, so "
                 f"actor_rollout_ref.rollout.load_format={rollout.load_format} would generate from random weights; "
@@ -254,9 +273,9 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         """Trainer rank 0 joins as group rank 0, rollout rank r as 1 + r; other trainer ranks stay out."""
         from verlx.workers.weight_transfer import join_group
 
-        if self.is_actor and self.rank != 0:
+        if self.role.actor and self.rank != 0:
             return
-        group_rank = 0 if self.is_actor else 1 + self.rank
+        group_rank = 0 if self.role.actor else 1 + self.rank
         self.transfer_group = join_group(self.transfer_store, host, port, group_rank, world, self.device,
                                          self.config.actor_rollout_ref.nccl_timeout)
 

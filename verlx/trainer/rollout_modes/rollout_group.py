@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from verlx.protocol import DataProto
 from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool
-from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, WorkerRole
 from verlx.workers.groups import ActorRolloutRefGroup
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class RolloutGroup:
         r, t = config.rollout, config.trainer
         self.trainer, self.trainer_version = trainer, trainer_version
         self.pool = RayResourcePool([r.n_gpus_per_node] * r.nnodes, use_gpu=use_gpu, name_prefix="verlx_rollout")
-        worker = RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role="rollout")
+        worker = RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role=WorkerRole(rollout=True))
         if t.partial_rollout:
             worker.with_concurrency(2)  # interrupt_generation runs beside generate_sequences
         self.wg = ActorRolloutRefGroup(self.pool, worker, name="rollout")
