@@ -28,7 +28,7 @@ LAYERS = {
     "algorithms": 4, "single_controller": 4,
     "config": 3,
     "utils": 2,
-    "protocol": 1,
+    "protocol": 1, "batch_columns": 1,
 }
 ENGINES = ("native", "sglang", "vllm")
 

@@ -19,13 +19,12 @@ from collections.abc import Callable
 
 import torch
 
+from verlx.batch_columns import PARTIAL_COLUMNS
 from verlx.protocol import DataProto
 from verlx.rollout.base import build_rollout_batch, resolve_sampling
 from verlx.rollout.seeds import batch_row_seeds, row_seed
 from verlx.rollout.stream import ABORT, LENGTH, Finished
 from verlx.rollout.token_io import EngineGenerationError, prompt_token_lists
-
-PREFIX_KEYS = ("partial_responses", "partial_log_probs", "partial_lengths")
 
 
 class Interruptions:
@@ -69,8 +68,8 @@ def generate_batch(engine, prompts: DataProto, interrupted: Callable[[], bool] |
     _require_completed(engine.name, finished, budgets, aborts_expected=cancelled)
     if not partial:
         return _pack(prompts, finished, [([], [])] * len(finished), params.n, engine)
-    out = _pack(prompts.select(batch_keys=[k for k in prompts.batch if k not in PREFIX_KEYS]), finished, prefixes, 1,
-                engine)
+    without_prefixes = prompts.select(batch_keys=[k for k in prompts.batch if k not in PARTIAL_COLUMNS])
+    out = _pack(without_prefixes, finished, prefixes, 1, engine)
     lengths = out.batch["response_mask"].sum(-1).cpu()
     out.batch["rollout_finished"] = torch.tensor([f.completed for f in finished]) | (lengths >= response_len)
     out.batch["rollout_new_tokens"] = torch.tensor([len(f.token_ids) for f in finished])

@@ -14,6 +14,7 @@ import torch
 from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline, uses_critic
 from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
+from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 from verlx.reward.loading import describe_reward_function
@@ -52,8 +53,6 @@ from verlx.workers.profile_plan import profile_plan
 from verlx.workers.reward_model_worker import RewardModelWorker
 
 logger = logging.getLogger(__name__)
-GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
-LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 SUMMED_REWARD_METRICS = ("reward/errors", "reward/timeouts")
 
 
@@ -343,7 +342,7 @@ class RayPPOTrainer:
         if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
             with timed("gen_max", timing):
                 batch.batch["reward_baselines"] = self._greedy_baseline(batch)
-        batch.pop(batch_keys=list(GEN_INPUTS))
+        batch.pop(batch_keys=list(MODEL_INPUTS))
         batch.union(gen_out)
         return self._score(batch, metrics, timing)
 
@@ -410,7 +409,7 @@ class RayPPOTrainer:
     def _gen_inputs(self, batch: DataProto) -> DataProto:
         """The prompt tensors, plus the columns the agent loop reads (rollout.mode=async or multi_turn.enable)."""
         enabled = self.config.actor_rollout_ref.rollout.uses_agent_loop
-        return batch.select(list(GEN_INPUTS), agent_input_keys(batch, enabled), [])
+        return batch.select(list(MODEL_INPUTS), agent_input_keys(batch, enabled), [])
 
     def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:
         gen_batch.meta_info.update({"do_sample": do_sample, "global_step": self.global_step,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from verlx.algorithms.kl import kl_needs_full_distribution
+from verlx.batch_columns import ENTROPYS, OLD_LOG_PROBS, SUM_PI_SQUARED
 from verlx.config.schema import PPOConfig
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
@@ -348,7 +349,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
                                               calculate_sum_pi_squared=sum_pi_squared)
         metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
                                 forward_only=True, share=1 / self._sp_size())
-        names = {"log_prob": "old_log_probs", "entropy": "entropys", "sum_pi_squared": "sum_pi_squared"}
+        names = {"log_prob": OLD_LOG_PROBS, "entropy": ENTROPYS, "sum_pi_squared": SUM_PI_SQUARED}
         return DataProto({names[k]: v.cpu() for k, v in out.items()}, meta_info={"metrics": metrics})
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")

@@ -25,8 +25,6 @@ from verlx.utils.registry import Registry
 from verlx.workers.micro_batching import MiniBatch
 from verlx.workers.stats import MetricAccumulator
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
-
 
 @dataclass(frozen=True)
 class Head:

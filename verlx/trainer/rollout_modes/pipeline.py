@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verlx.batch_columns import MODEL_INPUTS
 from verlx.protocol import DataProto
 from verlx.trainer.rollout_modes.staleness import TOKEN_VERSIONS, VERSION, VERSION_LAST
 
@@ -263,7 +264,7 @@ class RolloutPipeline:
 
     def _finish(self, job: _Job) -> Generated:
         batch = job.prompts
-        batch.pop(batch_keys=[k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch])
+        batch.pop(batch_keys=[k for k in MODEL_INPUTS if k in batch.batch])
         for key in [k for k in job.output.non_tensor_batch if k in batch.non_tensor_batch]:
             job.output.non_tensor_batch.pop(key)
         output = job.output

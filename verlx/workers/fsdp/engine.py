@@ -11,12 +11,13 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from verlx.batch_columns import MODEL_INPUTS
 from verlx.models.lora import lora_scaling, merged_weights
 from verlx.models.ulysses import check_ulysses, sequence_parallel_group
 from verlx.protocol import DataProto
 from verlx.rollout.weight_sync import gather_full, iter_engine_weights
 from verlx.utils.dtypes import torch_dtype
-from verlx.workers.engine import MODEL_INPUTS, Head, LossFn, ModelSpec, Placement, TrainingEngine
+from verlx.workers.engine import Head, LossFn, ModelSpec, Placement, TrainingEngine
 from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
 from verlx.workers.fsdp.model_builder import (
     apply_fsdp2,
