@@ -1,6 +1,7 @@
-"""The package structure in numbers: packages and their lines, import circles, imports that climb the layers, and
-the files whose code (comments and docstrings left out) names each rollout engine (what adding or changing an engine
-touches).
+"""The package structure in numbers: packages and their lines, import circles, imports that climb the layers, the
+files whose code (comments and docstrings left out) names each rollout engine (what adding or changing an engine
+touches), the largest file, functions over 60 lines and duplicated blocks (at least 6 identical code lines in two
+places; blank lines, comments and imports left out, overlapping windows merged into one block).
 
     python benchmarks/structure.py [--root verlx]
 
@@ -31,6 +32,8 @@ LAYERS = {
     "protocol": 1, "batch_columns": 1,
 }
 ENGINES = ("native", "sglang", "vllm")
+LONG_FUNCTION = 60
+DUPLICATE_WINDOW = 6
 
 
 def modules(root: str) -> dict[str, str]:
@@ -120,6 +123,42 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def long_functions(path: str) -> list[tuple[str, int]]:
+    """(name, lines) of every function or method longer than LONG_FUNCTION lines (nested ones on their own)."""
+    tree = ast.parse(_read(path), path)
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > LONG_FUNCTION]
+
+
+def _code_lines(path: str) -> list[str]:
+    out = []
+    for line in _read(path).splitlines():
+        text = line.strip()
+        if text and not text.startswith(("#", "import ", "from ")):
+            out.append(text)
+    return out
+
+
+def duplicated_blocks(paths: list[str]) -> list[list[tuple[str, int]]]:
+    """Groups of places (file, index of the block's first code line) holding the same run of at least
+    DUPLICATE_WINDOW code lines."""
+    lines = {path: _code_lines(path) for path in paths}
+    windows = defaultdict(list)
+    for path, code in lines.items():
+        for i in range(len(code) - DUPLICATE_WINDOW + 1):
+            windows[tuple(code[i:i + DUPLICATE_WINDOW])].append((path, i))
+    repeated = {place for places in windows.values() if len(places) > 1 for place in places}
+    groups = defaultdict(list)
+    for path, code in lines.items():
+        i = 0
+        while i < len(code):
+            if (path, i) in repeated and (path, i - 1) not in repeated:
+                groups[tuple(code[i:i + DUPLICATE_WINDOW])].append((path, i))
+            i += 1
+    return [places for places in groups.values() if len(places) > 1]
+
+
 def report(root: str) -> dict:
     known = modules(root)
     lines = defaultdict(int)
@@ -149,7 +188,14 @@ def report(root: str) -> dict:
         engine_files[engine] = sorted(
             os.path.relpath(path, os.path.dirname(os.path.abspath(root))) for path in known.values()
             if pattern.search(_code(path)))
+    sizes = {os.path.relpath(path, os.path.dirname(os.path.abspath(root))): len(_read(path).splitlines())
+             for path in known.values()}
+    long = sorted((f"{os.path.relpath(path, os.path.dirname(os.path.abspath(root)))}:{name}", n)
+                  for path in known.values() for name, n in long_functions(path))
     return {
+        "largest_file": max(sizes.items(), key=lambda item: item[1]),
+        "long_functions": long,
+        "duplicates": duplicated_blocks(sorted(known.values())),
         "packages": {p: (files[p], lines[p]) for p in sorted(lines, key=lambda p: -LAYERS.get(p, 0))},
         "package_circles": strongly_connected(package_graph),
         "module_circles": strongly_connected(module_graph),
@@ -184,6 +230,15 @@ def main() -> None:
     if args.verbose:
         for line in r["upward"]:
             print("    " + line)
+    print(f"largest file: {r['largest_file'][0]} ({r['largest_file'][1]} lines)")
+    print(f"functions over {LONG_FUNCTION} lines: {len(r['long_functions'])}")
+    for name, n in r["long_functions"]:
+        print(f"  {name} ({n})")
+    places = sum(len(group) for group in r["duplicates"])
+    print(f"duplicated blocks (>= {DUPLICATE_WINDOW} identical code lines): {len(r['duplicates'])} in {places} places")
+    if args.verbose:
+        for group in r["duplicates"]:
+            print("    " + ", ".join(f"{os.path.relpath(p)}#{i}" for p, i in group))
     for engine, paths in r["engine_files"].items():
         own = [p for p in paths if engine in os.path.basename(p) or f"/{engine}/" in p]
         print(f"files naming '{engine}': {len(paths)} ({len(own)} its own, {len(paths) - len(own)} elsewhere)")

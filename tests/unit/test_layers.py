@@ -81,3 +81,16 @@ def test_the_package_scan_sees_a_utils_module_importing_config(tmp_path):
     found = _structure().report(str(root))
     assert found["upward"] == ["verlx.utils.paths imports verlx.config.loader (utils -> config)"]
     assert found["package_circles"] == [["config", "utils"]]
+
+
+def test_structure_counts_long_functions_and_duplicated_blocks(tmp_path):
+    structure = _structure()
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}\n\ndef short():\n    return 1\n")
+    assert structure.long_functions(str(tmp_path / "long.py")) == [("long", 61)]
+    block = "".join(f"y{i} = f({i})\n" for i in range(7))
+    (tmp_path / "a.py").write_text("import os\n" + block + "z = 1\n")
+    (tmp_path / "b.py").write_text("# another\n\n" + block)
+    (tmp_path / "c.py").write_text(block[: block.index("y5")])  # 5 lines: below the window
+    found = structure.duplicated_blocks([str(tmp_path / n) for n in ("a.py", "b.py", "c.py")])
+    assert found == [[(str(tmp_path / "a.py"), 0), (str(tmp_path / "b.py"), 0)]]

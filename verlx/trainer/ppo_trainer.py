@@ -277,18 +277,10 @@ class RayPPOTrainer:
             metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
                                              generated.dropped if generated is not None else 0))
             if self.use_reference:
-                with timed("ref", timing):
-                    ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
-                    metrics.update(ref.meta_info.get("metrics", {}))
-                    batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
-                    if "full_kl" in ref.batch:
-                        batch.batch["full_kl"] = ref.batch["full_kl"]
+                self._reference_log_probs(batch, metrics, timing)
                 self._advance_rollout()
             if self.use_critic:
-                with timed("values", timing):
-                    values = self.critic_wg.compute_values(batch.select(list(LOG_PROB_INPUTS), [], []))
-                    batch.batch["values"] = values.batch["values"]
-                    metrics.update(values.meta_info.get("metrics", {}))
+                self._critic_values(batch, metrics, timing)
                 self._advance_rollout()
             with timed("adv", timing):
                 if self.kl_ctrl is not None:
@@ -323,6 +315,20 @@ class RayPPOTrainer:
         metrics.update(step_memory_peak(metrics))
         self.train_loader.after_step(batch)  # a curriculum sampler (data.sampler) learns from the step's batch
         return metrics
+
+    def _reference_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        with timed("ref", timing):
+            ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
+            metrics.update(ref.meta_info.get("metrics", {}))
+            batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
+            if "full_kl" in ref.batch:
+                batch.batch["full_kl"] = ref.batch["full_kl"]
+
+    def _critic_values(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        with timed("values", timing):
+            values = self.critic_wg.compute_values(batch.select(list(LOG_PROB_INPUTS), [], []))
+            batch.batch["values"] = values.batch["values"]
+            metrics.update(values.meta_info.get("metrics", {}))
 
     def _expand(self, batch: DataProto) -> DataProto:
         """uid per prompt, n samples each (interleaved)."""
