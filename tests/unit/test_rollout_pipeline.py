@@ -6,6 +6,8 @@ of waits, so every sequence is exact."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -58,8 +60,12 @@ class ScriptedWorkers:
         self.launches: list[tuple[int, int, int]] = []  # (prompt batch, weights version, rows)
         self.interrupted: set[int] = set()
 
-    def submit(self, method: str, inputs: DataProto) -> ScriptedCall:
-        assert method == "generate_sequences"
+    @property
+    def generate_sequences(self):
+        """The group method's shape: `group.generate_sequences.submit(inputs)` returns a future."""
+        return types.SimpleNamespace(submit=self._submit_generation)
+
+    def _submit_generation(self, inputs: DataProto) -> ScriptedCall:
         self.launches.append((inputs.meta_info["global_step"], self.group.version, len(inputs)))
         return ScriptedCall(self, inputs, self.ticks)
 
