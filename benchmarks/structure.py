@@ -25,7 +25,7 @@ LAYERS = {
     "reward": 8, "data": 8,
     "workers": 7,
     "rollout": 6,
-    "models": 5,
+    "models": 5, "metrics": 5,
     "algorithms": 4, "single_controller": 4,
     "config": 3,
     "utils": 2,

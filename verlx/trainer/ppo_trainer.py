@@ -16,9 +16,17 @@ from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
 from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS
 from verlx.config.schema import PPOConfig
+from verlx.metrics.data import compute_data_metrics
+from verlx.metrics.multi_turn import multi_turn_metrics
+from verlx.metrics.throughput import (
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    step_memory_peak,
+    token_counts,
+)
 from verlx.protocol import DataProto
 from verlx.reward.loading import describe_reward_function
-from verlx.rollout.agent.metrics import agent_input_keys, multi_turn_metrics
+from verlx.rollout.agent.inputs import agent_input_keys
 from verlx.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -28,14 +36,7 @@ from verlx.single_controller.ray import (
 from verlx.trainer import checkpointing
 from verlx.trainer.generation_dump import dump_generations
 from verlx.trainer.invariants import check_on_policy, on_policy_tolerance
-from verlx.trainer.metrics import compute_data_metrics
 from verlx.trainer.old_log_prob import old_log_prob_phase
-from verlx.trainer.perf_metrics import (
-    compute_throughput_metrics,
-    compute_timing_metrics,
-    step_memory_peak,
-    token_counts,
-)
 from verlx.trainer.resume import ResumePoint, plan_resume
 from verlx.trainer.reward_scoring import RewardScorer
 from verlx.trainer.reward_signal import RewardSignalMonitor

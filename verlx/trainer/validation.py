@@ -13,7 +13,7 @@ import numpy as np
 
 from verlx.batch_columns import MODEL_INPUTS
 from verlx.reward.managers import RewardFailure
-from verlx.rollout.agent.metrics import agent_input_keys
+from verlx.rollout.agent.inputs import agent_input_keys
 from verlx.trainer.generation_dump import generation_records, write_jsonl
 from verlx.utils.paths import expand_path
 

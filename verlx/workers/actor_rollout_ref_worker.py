@@ -13,6 +13,7 @@ import torch
 from verlx.algorithms.kl import kl_needs_full_distribution
 from verlx.batch_columns import ENTROPYS, OLD_LOG_PROBS, SUM_PI_SQUARED
 from verlx.config.schema import PPOConfig
+from verlx.metrics.phases import phase_metrics
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
 from verlx.rollout.base import PolicyWeights, RolloutContext, get_engine_class
@@ -29,7 +30,7 @@ from verlx.workers.auto_settings import resolve_actor_settings
 from verlx.workers.engine import ModelSpec, engine_class
 from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
-from verlx.workers.perf import PhaseTimer, phase_metrics
+from verlx.workers.perf import PhaseTimer
 from verlx.workers.profiling import StepProfiling
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
 

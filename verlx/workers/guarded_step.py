@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from verlx.workers.stats import MetricAccumulator
+from verlx.metrics.accumulator import MetricAccumulator
 
 
 class NonFiniteUpdates(RuntimeError):
