@@ -29,6 +29,10 @@ PARTIAL_LENGTHS = "partial_lengths"
 PARTIAL_COLUMNS = (PARTIAL_RESPONSES, PARTIAL_LOG_PROBS, PARTIAL_LENGTHS)
 ROLLOUT_FINISHED = "rollout_finished"
 ROLLOUT_NEW_TOKENS = "rollout_new_tokens"
+# policy versions (trainer/rollout_modes/staleness.py)
+POLICY_VERSION = "rollout_policy_version"
+POLICY_VERSION_LAST = "rollout_policy_version_last"
+TOKEN_VERSIONS = "rollout_token_versions"
 
 # ---------------------------------------------------------------------- log-probs, values
 OLD_LOG_PROBS = "old_log_probs"
@@ -66,6 +70,9 @@ COLUMNS = {
     PARTIAL_LENGTHS: "partial rollout: how many there are [B]",
     ROLLOUT_FINISHED: "partial rollout: the row ended (stop token or length) [B]",
     ROLLOUT_NEW_TOKENS: "partial rollout: tokens this call generated [B]",
+    POLICY_VERSION: "the policy version that generated the row's first token [B]",
+    POLICY_VERSION_LAST: "the policy version of its last token [B]",
+    TOKEN_VERSIONS: "partial rollout: the policy version of each response token [B, R]",
     OLD_LOG_PROBS: "the actor's log-probs before the update [B, R]",
     ENTROPYS: "the actor's per-token entropy [B, R]",
     SUM_PI_SQUARED: "sum over the vocabulary of p^2 per token [B, R]",

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from verlx.batch_columns import POLICY_VERSION, POLICY_VERSION_LAST, TOKEN_VERSIONS
 from verlx.config.loader import build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 from verlx.rollout.base import build_rollout_batch
 from verlx.trainer.rollout_modes.pipeline import RolloutPipeline, RolloutStalled
-from verlx.trainer.rollout_modes.staleness import TOKEN_VERSIONS, VERSION, VERSION_LAST, staleness_metrics
+from verlx.trainer.rollout_modes.staleness import staleness_metrics
 
 RESPONSE = 4  # data.max_response_length
 ROWS = 2  # samples per prompt batch
@@ -132,7 +133,7 @@ def train(pipeline, state, steps: int, mid_step_pump: bool = False) -> list:
 
 
 def staleness(items) -> list[int]:
-    return [version - int(item.batch.batch[VERSION].min()) for item, version in items]
+    return [version - int(item.batch.batch[POLICY_VERSION].min()) for item, version in items]
 
 
 @pytest.mark.parametrize("mode,bound,expected", [
@@ -197,7 +198,7 @@ def test_partial_rollout_continues_interrupted_samples_with_the_new_weights():
     assert first[TOKEN_VERSIONS].tolist() == [[0, 0, 0, 0]] * ROWS  # generated before any update
     # batch 2 started with version 0, was interrupted by update 1 after 2 tokens and finished with version 1
     assert second[TOKEN_VERSIONS].tolist() == [[0, 0, 1, 1]] * ROWS
-    assert second[VERSION].tolist() == [0] * ROWS and second[VERSION_LAST].tolist() == [1] * ROWS
+    assert second[POLICY_VERSION].tolist() == [0] * ROWS and second[POLICY_VERSION_LAST].tolist() == [1] * ROWS
     assert third[TOKEN_VERSIONS].tolist() == [[1, 1, 2, 2]] * ROWS
     assert staleness(items) == [0, 1, 1]
     assert group.wg.interrupted == {1, 3, 5}  # batches 2, 3 and 4 were each running when an update landed
