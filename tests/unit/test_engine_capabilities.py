@@ -38,3 +38,11 @@ def test_vllm_partial_rollout_with_tensor_parallelism_is_refused():
                           "trainer.n_gpus_per_node=2")
     assert problem.startswith(f"trainer.partial_rollout=true with {R}.name=vllm needs {R}.tensor_model_parallel_size=1 "
                               "(got 2)") and problem.endswith(f"or use {R}.name=sglang")
+
+
+def test_the_alternatives_come_from_the_engines_declarations():
+    from verlx.rollout.capabilities import alternatives
+
+    assert alternatives("supports_tensor_parallel") == f"{R}.name=sglang or {R}.name=vllm"
+    assert alternatives("supports_partial_rollout") == f"{R}.name=native or {R}.name=sglang or {R}.name=vllm"
+    assert alternatives("supports_server") == f"{R}.name=sglang"

@@ -32,7 +32,7 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
     for capability, (key, what) in needs.items():
         if not getattr(engine, capability, False):
             problems.append(f"{key} needs a rollout engine that {what}, but {ROLLOUT}.name={name} cannot "
-                            f"({engine.__name__}.{capability} is False); use {_alternatives(capability)}")
+                            f"({engine.__name__}.{capability} is False); use {alternatives(capability)}")
     tp = rollout.tensor_model_parallel_size
     if rollout.server.enable:
         problems += _server_problems(cfg, tp)
@@ -40,7 +40,7 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
         problems.append(f"{ROLLOUT}.tensor_model_parallel_size={tp} needs a rollout engine that shards a replica over "
                         f"several GPUs, but {ROLLOUT}.name={name} cannot ({engine.__name__}.supports_tensor_parallel "
                         f"is False); set it to 1 (each GPU then generates its own data-parallel shard) or use "
-                        f"{_alternatives('supports_tensor_parallel')}")
+                        f"{alternatives('supports_tensor_parallel')}")
     if engine.tensor_parallel_in_lockstep and tp > 1:
         independent = [n for n in _able("supports_tensor_parallel") if n in _able("tensor_parallel_in_lockstep", False)]
         for key in _timing_dependent(cfg):
@@ -97,5 +97,6 @@ def _able(capability: str, wanted: bool = True) -> list[str]:
     return [n for n in ROLLOUT_ENGINES.names() if getattr(ROLLOUT_ENGINES.get(n), capability, False) == wanted]
 
 
-def _alternatives(capability: str) -> str:
+def alternatives(capability: str) -> str:
+    """`rollout.name=a or rollout.name=b`: the registered engines that declare `capability`."""
     return " or ".join(f"{ROLLOUT}.name={n}" for n in _able(capability)) or "another engine"

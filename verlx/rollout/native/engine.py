@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from verlx.rollout.base import RolloutContext, RolloutEngine, SamplingParams
+from verlx.rollout.capabilities import alternatives
 from verlx.rollout.native.architectures import model_spec
 from verlx.rollout.native.decode_ops import DECODE_BACKENDS, check_backend, select_backend
 from verlx.rollout.native.graphs import DecodeRunner
@@ -85,7 +86,7 @@ class NativeEngine(RolloutEngine):
             raise NotImplementedError(
                 f"the native rollout engine does not do tensor parallelism (tensor_model_parallel_size="
                 f"{ctx.tp_size}); set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (each GPU then "
-                "generates its own data-parallel shard) or use rollout.name=sglang/vllm"
+                f"generates its own data-parallel shard) or use {alternatives('supports_tensor_parallel')}"
             )
         if cfg.load_format not in ("dummy", "auto"):
             raise ValueError(
