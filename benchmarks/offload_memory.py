@@ -127,8 +127,8 @@ def grpo_step(worker, cfg, step: int) -> dict:
     import numpy as np
 
     from verlx.algorithms.advantages import compute_advantage
-    from verlx.trainer.ppo_trainer import LOG_PROB_INPUTS
-    from verlx.workers.perf import MEMORY_PREFIX
+    from verlx.batch_columns import LOG_PROB_INPUTS
+    from verlx.metrics.phases import MEMORY_PREFIX
 
     n, device = cfg.actor_rollout_ref.rollout.n, worker.device
     prompts = synthetic_prompts(cfg.data.train_batch_size, cfg.data.max_prompt_length, seed=step)

@@ -14,9 +14,10 @@ import native_triton_check  # noqa: F401  (patches the Triton interpreter when T
 from native_models import EOS, ragged_prompts, rollout_context, save_tiny_model, with_meta
 from sampling_checks import VOCAB, plan, planted_row
 from verlx.rollout.native.engine import NativeEngine
-from verlx.rollout.native.sampling import row_seed, sample_tokens
+from verlx.rollout.native.sampling import sample_tokens
 from verlx.rollout.native.slots import SlotState
 from verlx.rollout.native.triton_sampling import TritonSampler
+from verlx.rollout.seeds import row_seed
 
 
 def _rows(count: int, device, dtype, scale: float = 3.0):

@@ -9,6 +9,7 @@ import torch
 
 from verlx.protocol import DataProto
 from verlx.single_controller import Dispatch, Worker, register
+from verlx.single_controller.ray import RayWorkerGroup, group_method
 
 
 class EchoWorker(Worker):
@@ -120,3 +121,27 @@ class CriticLikeWorker(Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def scaled(self, data: DataProto) -> DataProto:
         return DataProto({"y": data.batch["x"] * self.scale})
+
+
+class EchoGroup(RayWorkerGroup):
+    whoami = group_method(EchoWorker.whoami)
+    add = group_method(EchoWorker.add)
+    take_mine = group_method(EchoWorker.take_mine)
+    double = group_method(EchoWorker.double)
+    only_zero = group_method(EchoWorker.only_zero)
+    sleep = group_method(EchoWorker.sleep)
+    sleep_span = group_method(EchoWorker.sleep_span)
+    peer_dies_after_error = group_method(EchoWorker.peer_dies_after_error)
+    fail_on = group_method(EchoWorker.fail_on)
+    die_on = group_method(EchoWorker.die_on)
+    hang_in_function_named_stuck_here = group_method(EchoWorker.hang_in_function_named_stuck_here)
+    all_reduce = group_method(EchoWorker.all_reduce)
+
+
+class TensorParallelGroup(RayWorkerGroup):
+    tag = group_method(TensorParallelWorker.tag)
+
+
+class CriticLikeGroup(RayWorkerGroup):
+    pid_and_calls = group_method(CriticLikeWorker.pid_and_calls)
+    scaled = group_method(CriticLikeWorker.scaled)

@@ -4,7 +4,9 @@ weights broadcast over gloo), the tiny model. docs/async.md describes what is ch
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -72,14 +74,25 @@ def test_async_with_staleness_bound_0_matches_sync(ray_cpu, tiny_model_dir, arit
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
 
 
-def test_partial_rollout_samples_record_both_versions(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):
+SLOW_ENGINES = {  # generation slower than training (about 0.1 s per token)
+    "native": ["actor_rollout_ref.rollout.name=helpers.faulty_engines:SlowNativeEngine",
+               "+actor_rollout_ref.rollout.engine_kwargs.custom.round_delay_s=0.1",
+               "+actor_rollout_ref.rollout.engine_kwargs.native.sync_interval=1"],
+    # the adapters over the stand-ins of the sglang / vllm packages (tests/helpers/fake_engines.py)
+    "sglang": ["actor_rollout_ref.rollout.name=helpers.fake_engines:FakeSGLangEngine",
+               "+actor_rollout_ref.rollout.engine_kwargs.custom.token_s=0.1"],
+    "vllm": ["actor_rollout_ref.rollout.name=helpers.fake_engines:FakeVLLMEngine",
+             "+actor_rollout_ref.rollout.engine_kwargs.custom.token_s=0.1"],
+}
+
+
+@pytest.mark.parametrize("engine", list(SLOW_ENGINES))
+def test_partial_rollout_samples_record_both_versions(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path, engine):
     """Generation slower than training: each update interrupts the batch in flight, which finishes with the new
     weights; the dumped samples name the version of every token."""
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, *SEPARATE, "trainer.rollout_mode=async",
                       "trainer.max_staleness=1", "trainer.partial_rollout=true", "trainer.total_training_steps=3",
-                      "actor_rollout_ref.rollout.name=helpers.faulty_engines:SlowNativeEngine",
-                      "+actor_rollout_ref.rollout.engine_kwargs.custom.round_delay_s=0.1",
-                      "+actor_rollout_ref.rollout.engine_kwargs.native.sync_interval=1", "data.max_response_length=24",
+                      *SLOW_ENGINES[engine], "data.max_response_length=24",
                       f"trainer.rollout_data_dir={tmp_path / 'generations'}", _reward(tmp_path))
     run_ppo(cfg)
     rows = read_metrics(tmp_path)
@@ -135,3 +148,26 @@ def test_resume_regenerates_queued_batches_in_the_same_data_order(ray_cpu, tiny_
 
     assert prompts(resumed, 3) == prompts(first, 3)
     assert prompts(first, 3) != prompts(first, 2)
+
+
+def test_server_mode_trains_through_the_engines_http_servers(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    """rollout.server.enable with the sglang adapter against its stand-in's HTTP server (one per replica): every
+    step's weights are pushed over HTTP, the rollout runs through the servers, and the run's numbers are those of
+    the same engine in-process."""
+    common = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=2",
+              "actor_rollout_ref.rollout.name=helpers.fake_engines:FakeSGLangEngine",
+              "actor_rollout_ref.rollout.load_format=dummy", _reward(tmp_path)]
+    run_ppo(make_config(tiny_model_dir, arithmetic_data_dir, tmp_path / "in_process", *common))
+    port = 20000 + os.getpid() % 20000
+    run_ppo(make_config(tiny_model_dir, arithmetic_data_dir, tmp_path / "server", *common,
+                        "actor_rollout_ref.rollout.server.enable=true",
+                        f"actor_rollout_ref.rollout.server.port={port}"))
+    for rank in (0, 1):  # each replica's server served the pushes and the generations (its request log)
+        with open(os.path.join(tempfile.gettempdir(), f"verlx_sglang_server_rank{rank}_port{port + rank}.log")) as f:
+            served = f.read()
+        assert served.count("POST /update_weights_from_tensor") == 2 and served.count("POST /generate") >= 8
+    in_process, server = read_metrics(tmp_path / "in_process"), read_metrics(tmp_path / "server")
+    assert [r["training/global_step"] for r in server] == [1, 2]
+    for a, b in zip(in_process, server):
+        for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key

@@ -109,12 +109,13 @@ def test_grpo_with_one_sample_warns(tiny_model_dir, arithmetic_data_dir, tmp_pat
 
 def test_remax_needs_greedy_decoding(tiny_model_dir, arithmetic_data_dir, tmp_path, monkeypatch):
     from verlx.rollout.hf_engine import HFEngine
-    from verlx.trainer.main_ppo import check_greedy_baseline
+    from verlx.trainer.main_ppo import check_engine_capabilities
 
     cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=remax")
     monkeypatch.setattr(HFEngine, "supports_greedy", False)
-    with pytest.raises(ConfigError, match="needs greedy decoding for its baseline"):
-        check_greedy_baseline(cfg)
+    with pytest.raises(ConfigError, match=r"adv_estimator=remax \(a greedy baseline\) needs a rollout engine that "
+                                          r"decodes greedily, but actor_rollout_ref.rollout.name=hf cannot"):
+        check_engine_capabilities(cfg, "hf")
 
 
 @pytest.mark.parametrize("where", ["loss", "reward"])

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from helpers.e2e import make_config
+from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS
 from verlx.model_merger import main as merger_main
 from verlx.trainer.main_ppo import prepare, run_ppo
-from verlx.trainer.ppo_trainer import GEN_INPUTS, LOG_PROB_INPUTS, RayPPOTrainer
+from verlx.trainer.ppo_trainer import RayPPOTrainer
 
 
 def test_exported_model_matches_the_actor(ray_cpu, tiny_model_dir, arithmetic_data_dir, tmp_path):
@@ -25,7 +26,7 @@ def test_exported_model_matches_the_actor(ray_cpu, tiny_model_dir, arithmetic_da
         trainer.init_workers()
         trainer.load_checkpoint()
         prompts = next(iter(val_loader))
-        rollout = trainer.actor_rollout_wg.generate_sequences(prompts.select(list(GEN_INPUTS), [], []))
+        rollout = trainer.actor_rollout_wg.generate_sequences(prompts.select(list(MODEL_INPUTS), [], []))
         actor = trainer.actor_rollout_wg.compute_log_prob(rollout.select(list(LOG_PROB_INPUTS), [], []))
     finally:
         trainer.shutdown()

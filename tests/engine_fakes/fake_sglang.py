@@ -1,10 +1,12 @@
 """A recording stand-in for sglang's in-process Engine API (0.5.9–0.5.23 as documented in
 /work/shared/reference/engine-apis.md): ServerArgs validation, generate outputs, memory tags, weight-update
-sessions and their (success, message) statuses, MultiprocessingSerializer / LocalSerializedTensor."""
+sessions and their (success, message) statuses, MultiprocessingSerializer / LocalSerializedTensor, and the HTTP
+server over the same Engine (fake_sglang_server.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import multiprocessing as mp
 import os
@@ -17,6 +19,7 @@ import msgspec
 from packaging.version import Version
 
 from engine_fakes._install import install, module
+from engine_fakes.fake_sglang_server import make_launch_server
 
 GPU_MEMORY_ALL_TYPES = ["kv_cache", "weights", "cuda_graph"]
 ENV_SEEN = ("CUDA_VISIBLE_DEVICES", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "SGLANG_BLOCK_NONZERO_RANK_CHILDREN",
@@ -25,7 +28,8 @@ _BASE_FIELDS: list[tuple[str, Any]] = [
     ("model_path", None), ("tokenizer_path", None), ("skip_tokenizer_init", False), ("trust_remote_code", False),
     ("dtype", "auto"), ("load_format", "auto"), ("mem_fraction_static", None), ("enable_memory_saver", False),
     ("enable_weights_cpu_backup", False), ("tp_size", 1), ("dp_size", 1), ("base_gpu_id", 0), ("gpu_id_step", 1),
-    ("nnodes", 1), ("node_rank", 0), ("dist_init_addr", None), ("port", 30000), ("nccl_port", None),
+    ("nnodes", 1), ("node_rank", 0), ("dist_init_addr", None), ("host", "127.0.0.1"), ("port", 30000),
+    ("nccl_port", None),
     ("random_seed", None), ("context_length", None), ("max_running_requests", None), ("chunked_prefill_size", None),
     ("disable_cuda_graph", False), ("disable_prefill_cuda_graph", False), ("disable_radix_cache", False),
     ("log_level", "error"),
@@ -43,15 +47,16 @@ def server_args_class(version: Version) -> type:
 
 
 class MultiprocessingSerializer:
-    """CPU stand-in for CUDA-IPC handles: the bytes carry the tensor itself."""
+    """CPU stand-in for CUDA-IPC handles: the bytes carry the tensor itself (base64 text with output_str, for HTTP)."""
 
     @staticmethod
-    def serialize(obj) -> bytes:
-        return pickle.dumps(obj)
+    def serialize(obj, output_str: bool = False) -> bytes | str:
+        data = pickle.dumps(obj)
+        return base64.b64encode(data).decode() if output_str else data
 
     @staticmethod
-    def deserialize(data: bytes):
-        return pickle.loads(data)
+    def deserialize(data: bytes | str):
+        return pickle.loads(base64.b64decode(data) if isinstance(data, str) else data)
 
 
 @dataclass
@@ -99,6 +104,8 @@ class FakeSGLang:
     completion: Any = fake_completion
     #: prompt ids -> event-loop rounds an async_generate request takes (requests overtake each other)
     async_rounds: Any = None
+    #: seconds each of those rounds takes (0: one event-loop iteration)
+    round_s: float = 0.0
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -124,11 +131,16 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             self.session_open = False
             self.received: list[list[tuple[str, Any]]] = []
             self.tokenizer_manager = SimpleNamespace(abort_request=self._abort_request)
+            self.running: set[str] = set()
+            self.aborted: set[str] = set()
+            self.samples_started = 0
             state.engines.append(self)
 
         def _abort_request(self, rid: str = "", abort_all: bool = False):
-            """TokenizerManager.abort_request: sends AbortReq(rid, abort_all) to the scheduler."""
+            """TokenizerManager.abort_request: sends AbortReq(rid, abort_all) to the scheduler, which finishes the
+            request(s) with finish reason abort; the waiting async_generate then returns what they had."""
             state.calls.append(("abort_request", rid, abort_all))
+            self.aborted.update(self.running if abort_all else {rid} & self.running)
 
         def _clipped(self, prompt, sampling_params: dict) -> dict:
             """SGLang's scheduler: max_new_tokens ≤ context_length - len(prompt) - 2 (its max_req_len is
@@ -158,19 +170,52 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
             return outputs
 
         async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
-                                 **kwargs):
-            """One request (input_ids: list[int]) → one output dict, like Engine.async_generate; it must run on
-            the engine's own loop (the tokenizer manager is bound to it)."""
-            state.calls.append(("async_generate", list(input_ids), dict(sampling_params), return_logprob))
+                                 rid=None, **kwargs):
+            """One prompt (input_ids: list[int]) → one output dict, or a list of n for sampling_params n > 1 (each
+            sample with its own request id: rid a list of n, or the engine's own), like Engine.async_generate; it
+            must run on the engine's own loop (the tokenizer manager is bound to it). A request takes
+            state.async_rounds(ids) event-loop rounds (1 by default), producing its tokens evenly over them; aborted,
+            it returns the tokens produced so far with finish reason abort. state.abort_samples names samples, in
+            the order they started, that the engine aborts itself."""
+            n = sampling_params.get("n", 1)
+            state.calls.append(("async_generate", list(input_ids), dict(sampling_params), return_logprob, rid))
             if asyncio.get_running_loop() is not self.loop:
                 raise RuntimeError("async_generate awaited outside the engine's event loop")
             if self.released:
                 raise RuntimeError(f"generate while {sorted(self.released)} are released")
-            for _ in range(state.async_rounds(list(input_ids)) if state.async_rounds else 1):
-                await asyncio.sleep(0)
-            tokens, lps, reason = state.completion(list(input_ids), 0, self._clipped(input_ids, sampling_params))
-            meta = {"id": f"a{len(state.calls)}", "prompt_tokens": len(input_ids), "completion_tokens": len(tokens),
-                    "cached_tokens": 0, "finish_reason": {"type": reason}}
+            if isinstance(rid, list):
+                rids = list(rid)
+            else:
+                rids = [rid] if n == 1 and rid else [f"auto-{len(state.calls)}-{j}" for j in range(n)]
+            if len(rids) != n:
+                raise ValueError(f"rid has {len(rids)} entries for n={n}")
+            params = self._clipped(input_ids, {**sampling_params, "n": 1})
+            samples = []
+            for j in range(n):
+                refused = state.abort_samples.get(self.samples_started)
+                self.samples_started += 1
+                samples.append((rids[j], *state.completion(list(input_ids), j, params), refused))
+            self.running.update(rids)
+            rounds = state.async_rounds(list(input_ids)) if state.async_rounds else 1
+            done = 0
+            while done < rounds and not set(rids) <= self.aborted:
+                await asyncio.sleep(state.round_s)
+                done += 1
+            self.running.difference_update(rids)
+            outputs = [self._output(sample, done, rounds, return_logprob) for sample in samples]
+            self.aborted.difference_update(rids)
+            return outputs if n > 1 else outputs[0]
+
+        def _output(self, sample, done: int, rounds: int, return_logprob: bool) -> dict:
+            rid, tokens, lps, reason, refused = sample
+            finish = {"type": reason}
+            if refused is not None:
+                tokens, lps, finish = [], [], {"type": "abort", "message": refused}
+            elif rid in self.aborted:
+                keep = len(tokens) * done // rounds
+                tokens, lps, finish = tokens[:keep], lps[:keep], {"type": "abort", "message": "aborted by request"}
+            meta = {"id": rid, "prompt_tokens": 0, "completion_tokens": len(tokens), "cached_tokens": 0,
+                    "finish_reason": finish}
             if return_logprob:
                 meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(lps, tokens)]
             return {"text": "", "output_ids": tokens, "meta_info": meta}
@@ -251,6 +296,10 @@ def install_fake_sglang(version: str, dist_dir: str, requires_session: bool | No
         ),
         "sglang.srt.constants": module("sglang.srt.constants", GPU_MEMORY_ALL_TYPES=list(GPU_MEMORY_ALL_TYPES)),
         "sglang.srt.model_executor": module("sglang.srt.model_executor"),
+        "sglang.srt.entrypoints": module("sglang.srt.entrypoints"),
+        "sglang.srt.entrypoints.http_server": module(
+            "sglang.srt.entrypoints.http_server",
+            launch_server=make_launch_server(state, engine_cls, MultiprocessingSerializer)),
     }
     # LocalSerializedTensor moved from model_runner to model_runner_components.weight_updater (0.5.17 has it there)
     if parsed.release >= (0, 5, 17):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from types import SimpleNamespace
@@ -22,20 +23,39 @@ from engine_fakes.fake_sglang import fake_completion
 
 ENV_SEEN = ("LOCAL_RANK", "VLLM_ENABLE_V1_MULTIPROCESSING", "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-# shard -> (fused parameter, row offset, rows) for the 4-wide model of engine_fakes.contexts
-SHARDS = {"q_proj": ("qkv_proj", 0, 4), "k_proj": ("qkv_proj", 4, 2), "v_proj": ("qkv_proj", 6, 2),
-          "gate_proj": ("gate_up_proj", 0, 6), "up_proj": ("gate_up_proj", 6, 6)}
-VLLM_SHAPES = {
-    "model.embed_tokens.weight": (8, 4),
-    "model.layers.0.input_layernorm.weight": (4,),
-    "model.layers.0.self_attn.qkv_proj.weight": (8, 4),
-    "model.layers.0.self_attn.o_proj.weight": (4, 4),
-    "model.layers.0.post_attention_layernorm.weight": (4,),
-    "model.layers.0.mlp.gate_up_proj.weight": (12, 4),
-    "model.layers.0.mlp.down_proj.weight": (4, 6),
-    "model.norm.weight": (4,),
-    "lm_head.weight": (8, 4),
-}
+FUSED_OF = {shard: fused for fused, shards in PACKED.items() for shard in shards}
+
+
+def vllm_layout(hf_shapes: dict[str, tuple[int, ...]]):
+    """vLLM's parameters for a checkpoint's HF names: q/k/v (weights and biases) stacked into qkv_proj and
+    gate/up into gate_up_proj, in that order. Returns ({vLLM name: shape}, {HF shard name: (vLLM name, row offset,
+    rows)})."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    shards: dict[str, tuple[str, int, int]] = {}
+    order = {shard: i for shards_ in PACKED.values() for i, shard in enumerate(shards_)}
+    named = sorted(hf_shapes.items(), key=lambda item: order.get(_shard_of(item[0]) or "", 0))
+    for name, shape in named:
+        shard = _shard_of(name)
+        if shard is None:
+            shapes[name] = tuple(shape)
+            continue
+        target = ".".join(FUSED_OF[shard] if p == shard else p for p in name.split("."))
+        offset = shapes[target][0] if target in shapes else 0
+        shards[name] = (target, offset, shape[0])
+        shapes[target] = (offset + shape[0], *shape[1:])
+    return shapes, shards
+
+
+def _shard_of(name: str) -> str | None:
+    return next((p for p in name.split(".") if p in FUSED_OF), None)
+
+
+def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(model_dir, "model.safetensors"), framework="pt") as f:
+        names = f.keys()  # a safe_open handle is not iterable
+        return {name: tuple(f.get_slice(name).get_shape()) for name in names}
 
 
 @dataclass
@@ -114,14 +134,16 @@ class EngineArgs:
 
 
 class FakeQwen2(nn.Module):
+    """vLLM's model of a checkpoint: fused parameters, and a load_weights that fills them from HF names and reports
+    the vLLM names it loaded (names it does not know are skipped without a word, as vLLM's loaders do)."""
+
     packed_modules_mapping = PACKED
 
-    def __init__(self, tied: bool):
+    def __init__(self, hf_shapes: dict[str, tuple[int, ...]], tied: bool):
         super().__init__()
         self.tied = tied
-        for name, shape in VLLM_SHAPES.items():
-            if tied and name == "lm_head.weight":
-                continue
+        shapes, self.shards = vllm_layout(hf_shapes)
+        for name, shape in shapes.items():
             *path, leaf = name.split(".")
             owner = self
             for part in path:
@@ -137,18 +159,19 @@ class FakeQwen2(nn.Module):
             raise ValueError("lm_head.weight given for a model with tie_word_embeddings")
         loaded = set()
         for name, tensor in weights:
-            parts = name.split(".")
-            shard = next((p for p in parts if p in SHARDS), None)
-            if shard is not None:
-                fused, offset, rows = SHARDS[shard]
-                target = ".".join(fused if p == shard else p for p in parts)
+            if name in self.shards:
+                target, offset, rows = self.shards[name]
                 params[target].data[offset:offset + rows].copy_(tensor)
                 loaded.add(target)
             elif name in params:
                 params[name].data.copy_(tensor)
                 loaded.add(name)
-            # any other name is skipped without a word, as vLLM's loaders do for names they do not know
         return loaded
+
+
+def default_steps(tokens: int) -> int:
+    """Engine steps a request of this many tokens takes: 1 to 3, so requests overtake each other."""
+    return 1 + tokens % 3
 
 
 @dataclass
@@ -162,6 +185,10 @@ class FakeVLLM:
     undo: Any = None
     #: (prompt ids, sample index, {"max_new_tokens", "stop_token_ids"}) -> (tokens, log-probs, finish reason)
     completion: Any = fake_completion
+    #: tokens of a request -> the engine steps it takes
+    steps_of: Any = default_steps
+    #: seconds each engine step takes
+    step_s: float = 0.0
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -169,37 +196,63 @@ class FakeVLLM:
 
 def _engine_class(state: FakeVLLM, llm) -> type:
     class LLMEngine:
-        """add_request / step / abort_request of vLLM's LLMEngine: a request finishes after 1 + len(tokens) % 3
-        steps (so requests overtake each other); step returns only finished ones under FINAL_ONLY."""
+        """add_request / step / abort_request of vLLM's (V1) LLMEngine: a request finishes after
+        state.steps_of(len(tokens)) steps (1 + len(tokens) % 3 unless a test says otherwise: requests overtake each
+        other). Under FINAL_ONLY a step returns a request once,
+        finished, with all its tokens; under DELTA every step returns the tokens generated since the last one (the
+        request's tokens spread over its steps), the last output finished. Requests of one prompt running at the
+        same time are its samples 0, 1, ... (V1 fans n > 1 out into such requests); state.abort_samples names
+        requests, in the order they were added, that the engine aborts itself."""
 
         def __init__(self, model_executor):
             self.model_executor = model_executor
-            self.running: dict[str, list] = {}
+            self.running: dict[str, dict] = {}
+            self.added = 0
 
         def add_request(self, request_id, prompt, params, **kwargs):
             if not isinstance(request_id, str):
                 raise TypeError(f"request_id must be a string, got {type(request_id)}")
+            if request_id in self.running:
+                raise ValueError(f"request id {request_id} is already running")
             if llm.sleeping:
                 raise RuntimeError(f"add_request while {sorted(llm.sleeping)} sleep")
             sp = params.kwargs
-            state.calls.append(("add_request", request_id, list(prompt["prompt_token_ids"]), dict(sp),
-                                params.output_kind))
+            ids = list(prompt["prompt_token_ids"])
+            state.calls.append(("add_request", request_id, ids, dict(sp), params.output_kind))
+            sample = sum(1 for entry in self.running.values() if entry["prompt"] == ids)
             rule = {"max_new_tokens": sp["max_tokens"], "stop_token_ids": sp["stop_token_ids"]}
-            tokens, lps, reason = state.completion(list(prompt["prompt_token_ids"]), 0, rule)
-            logprobs = [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)] if sp["logprobs"] is not None else None
-            out = RequestOutput(request_id, None, list(prompt["prompt_token_ids"]), None,
-                                [CompletionOutput(0, "", tokens, sum(lps), logprobs, reason, None)], True)
-            self.running[request_id] = [1 + len(tokens) % 3, out, params.output_kind]
+            tokens, lps, reason = state.completion(ids, sample, rule)
+            stop_reason = state.abort_samples.get(self.added)
+            if stop_reason is not None:
+                tokens, lps, reason = [], [], "abort"
+            self.added += 1
+            self.running[request_id] = dict(prompt=ids, tokens=tokens, lps=lps, reason=reason, stop_reason=stop_reason,
+                                             steps=state.steps_of(len(tokens)), done=0, kind=params.output_kind,
+                                             logprobs=sp["logprobs"] is not None)
+
+        def _output(self, request_id, entry, start, end, finished):
+            tokens, lps = entry["tokens"][start:end], entry["lps"][start:end]
+            logprobs = [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)] if entry["logprobs"] else None
+            completion = CompletionOutput(0, "", tokens, sum(lps), logprobs, entry["reason"] if finished else None,
+                                          entry["stop_reason"] if finished else None)
+            return RequestOutput(request_id, None, entry["prompt"], None, [completion], finished)
 
         def step(self):
             state.calls.append(("step", sorted(self.running)))
-            finished = []
+            time.sleep(state.step_s)
+            outputs = []
             for request_id, entry in list(self.running.items()):
-                entry[0] -= 1
-                if entry[0] == 0:
-                    finished.append(entry[1])
+                n, steps = len(entry["tokens"]), entry["steps"]
+                entry["done"] += 1
+                finished = entry["done"] == steps
+                if entry["kind"] is RequestOutputKind.DELTA:
+                    start, end = n * (entry["done"] - 1) // steps, n * entry["done"] // steps
+                    outputs.append(self._output(request_id, entry, start, end, finished))
+                elif finished:
+                    outputs.append(self._output(request_id, entry, 0, n, True))
+                if finished:
                     del self.running[request_id]
-            return finished
+            return outputs
 
         def has_unfinished_requests(self):
             return bool(self.running)
@@ -218,7 +271,8 @@ def _llm_class(state: FakeVLLM) -> type:
             EngineArgs(**kwargs)  # unknown keywords raise TypeError, like EngineArgs(**kwargs)
             state.calls.append(("LLM", dict(kwargs), {k: os.environ.get(k) for k in ENV_SEEN}))
             with open(os.path.join(kwargs["model"], "config.json")) as f:
-                self.model = FakeQwen2(tied=json.load(f).get("tie_word_embeddings", False))
+                tied = json.load(f).get("tie_word_embeddings", False)
+            self.model = FakeQwen2(checkpoint_shapes(kwargs["model"]), tied)
             runner = SimpleNamespace(model=self.model)
             if Version(state.version).release >= (0, 26):  # seen in 0.26.0: get_model() unwraps CUDA-graph wrappers
                 runner = SimpleNamespace(model=("a CUDAGraphWrapper",), get_model=lambda: self.model)

@@ -71,8 +71,8 @@ class SlowNativeEngine(NativeEngine):
     """The native engine with each decode round of its request streams slowed by `round_delay_s`: a generation
     that is still running when the weights change (partial rollout)."""
 
-    def open_stream(self, params):
-        stream, base = super().open_stream(params)
+    def _open_stream(self, params, partial):
+        stream = super()._open_stream(params, partial)
         delay = float(self.config.engine_kwargs.custom.get("round_delay_s", 0.05))
         step = stream.step
 
@@ -81,4 +81,4 @@ class SlowNativeEngine(NativeEngine):
             return step()
 
         stream.step = slow_step
-        return stream, base
+        return stream

@@ -7,36 +7,48 @@ rollout log-probs land on exactly the model's tokens. Every request's context is
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import torch
 
 from verlx.config.roles import AgentLoopConfig, MultiTurnConfig, RolloutConfig
 from verlx.protocol import DataProto
-from verlx.rollout.agent.backends import GenerationBackend, GenOutput
 from verlx.rollout.base import SamplingParams
+from verlx.rollout.stream import Finished, RequestStream, StreamLimits
+
+UNLIMITED = StreamLimits(response_length=10**6, max_model_len=10**7)
 
 
 def scripted_logprob(token: int, position: int) -> float:
     return -((token % 13) + 1) / 8 - position / 1000
 
 
-class ScriptedBackend(GenerationBackend):
-    def __init__(self, turns: dict[int, list[list[int]]], stop_ids: list[int], delay_s: float = 0.0):
-        super().__init__(None, SamplingParams(), want_log_probs=True)
-        self.turns, self.stop_ids, self.delay_s = turns, set(stop_ids), delay_s
-        self.requests: list[tuple[int, int, list[int], int]] = []
+class ScriptedStream(RequestStream):
+    """Every request submitted before a step finishes in that step with its sample's scripted turn."""
 
-    async def generate(self, ids, max_new_tokens, key) -> GenOutput:
-        sample, turn = key
-        self.requests.append((sample, turn, list(ids), max_new_tokens))
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
-        script = self.turns[sample]
-        out = list(script[min(turn, len(script) - 1)])[:max_new_tokens]
-        reason = "stop" if out and out[-1] in self.stop_ids else "length"
-        return GenOutput(out, [scripted_logprob(t, i) for i, t in enumerate(out)], reason)
+    def __init__(self, turns: dict[int, list[list[int]]], stop_ids: list[int]):
+        super().__init__(SamplingParams(), UNLIMITED, want_log_probs=True)
+        self.turns, self.stop_ids = turns, set(stop_ids)
+        self.requests: list[tuple[int, int, list[int], int]] = []
+        self.pending: list[tuple[str, int, int, int]] = []
+
+    def _submit(self, key, prompt_ids, max_new_tokens, seed, follows):
+        sample, turn = (int(x) for x in key.split("/"))
+        self.requests.append((sample, turn, list(prompt_ids), max_new_tokens))
+        self.pending.append((key, sample, turn, max_new_tokens))
+
+    def _step(self):
+        done, self.pending = self.pending, []
+        out = []
+        for key, sample, turn, max_new_tokens in done:
+            script = self.turns[sample]
+            tokens = list(script[min(turn, len(script) - 1)])[:max_new_tokens]
+            reason = "stop" if tokens and tokens[-1] in self.stop_ids else "length"
+            out.append(Finished(key, tokens, [scripted_logprob(t, i) for i, t in enumerate(tokens)], reason))
+        return out
+
+    def _cancel(self, keys):
+        self.pending = [p for p in self.pending if p[0] not in keys]
+        return [Finished(key, [], [], "abort") for key in keys]
 
 
 def rollout_config(prompt_length: int = 2048, response_length: int = 512,

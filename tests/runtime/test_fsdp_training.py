@@ -102,8 +102,9 @@ def _root_reshard_case() -> None:
 def _phase_metrics_case(rank: int) -> None:
     from transformers import Qwen2Config
 
+    from verlx.metrics.phases import phase_metrics
     from verlx.utils.flops import dense_decoder_flops
-    from verlx.workers.perf import PhaseTimer, phase_metrics
+    from verlx.workers.perf import PhaseTimer
 
     cfg = Qwen2Config(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16,
                       num_hidden_layers=2, vocab_size=10)

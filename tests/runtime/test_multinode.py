@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from runtime_workers import EchoWorker
-from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from runtime_workers import EchoGroup, EchoWorker
+from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool
 
 
 def test_group_spans_two_nodes_and_all_reduce_works(two_node_cluster):
     pool = RayResourcePool([2, 2], use_gpu=False, name_prefix="twonode")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name="twonode")
+    group = EchoGroup(pool, RayClassWithInitArgs(EchoWorker), name="twonode")
     nodes = [ident.node_id for ident in group.identities]
     assert nodes[0] == nodes[1] and nodes[2] == nodes[3]  # a node's bundles stay together
     assert nodes[0] != nodes[2]  # the two halves landed on different raylets

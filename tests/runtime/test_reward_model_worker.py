@@ -19,6 +19,7 @@ from verlx.single_controller.ray import (
     RayWorkerGroup,
     create_colocated_worker_cls,
 )
+from verlx.workers.groups import ROLE_GROUPS
 from verlx.workers.reward_model_worker import RewardModelWorker
 
 PROMPTS = [[{"role": "user", "content": f"{a}+{b}?"}] for a, b in ((1, 2), (30, 4), (5, 66), (7, 8))]
@@ -64,7 +65,7 @@ def _rm_scores(config, batch: DataProto) -> torch.Tensor:
     pool = RayResourcePool([2], use_gpu=False, name_prefix="rm")
     group = RayWorkerGroup(pool, create_colocated_worker_cls(roles), name="rm")
     try:
-        view = group.spawn({"reward_model": RewardModelWorker})["reward_model"]
+        view = group.spawn({"reward_model": ROLE_GROUPS["reward_model"]})["reward_model"]
         view.init_model()
         return view.compute_rm_score(batch).batch["rm_scores"]
     finally:

@@ -48,7 +48,7 @@ def test_two_groups_of_two(tmp_path, version):
         push = ["begin_weight_update", "update_weights_from_tensor", "end_weight_update"] if session else [
             "update_weights_from_tensor"]
         assert [c[0] for c in lead["calls"][1:]] == [
-            *push, "flush_cache", "generate",
+            *push, "flush_cache", "async_generate", "async_generate",  # the two prompts, n=2 each
             "release_memory_occupation", "resume_memory_occupation", "resume_memory_occupation", *push,
         ]
         # first push: for each tensor, the handle of tp rank 0 then tp rank 1 (values i + 1 + 16 * rank)

@@ -9,7 +9,14 @@ import time
 import pytest
 import torch
 
-from runtime_workers import CriticLikeWorker, EchoWorker, TensorParallelWorker
+from runtime_workers import (
+    CriticLikeGroup,
+    CriticLikeWorker,
+    EchoGroup,
+    EchoWorker,
+    TensorParallelGroup,
+    TensorParallelWorker,
+)
 from verlx.protocol import DataProto
 from verlx.single_controller import PhaseTimeoutError, WorkerCallError, WorkerDiedError
 from verlx.single_controller.ray import (
@@ -23,7 +30,7 @@ from verlx.single_controller.ray import (
 @pytest.fixture(scope="module")
 def echo_group(ray_cpu):
     pool = RayResourcePool([2], use_gpu=False, name_prefix="echo")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker, tag="t"), name="echo")
+    group = EchoGroup(pool, RayClassWithInitArgs(EchoWorker, tag="t"), name="echo")
     yield group
     group.shutdown()
     pool.release()
@@ -97,7 +104,7 @@ def test_gloo_all_reduce_inside_group(echo_group):
 
 def test_timeout_reports_phase_ranks_and_stacks(ray_cpu):
     pool = RayResourcePool([2], use_gpu=False, name_prefix="hang")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name="hang")
+    group = EchoGroup(pool, RayClassWithInitArgs(EchoWorker), name="hang")
     group.set_timeouts(hang_in_function_named_stuck_here=1.0)
     start = time.monotonic()
     with pytest.raises(PhaseTimeoutError) as info:
@@ -112,7 +119,7 @@ def test_timeout_reports_phase_ranks_and_stacks(ray_cpu):
 
 def test_dead_worker_is_named_within_seconds(ray_cpu):
     pool = RayResourcePool([2], use_gpu=False, name_prefix="die")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name="die")
+    group = EchoGroup(pool, RayClassWithInitArgs(EchoWorker), name="die")
     start = time.monotonic()
     with pytest.raises(WorkerDiedError) as info:
         group.die_on(1, 0.2)
@@ -124,7 +131,7 @@ def test_dead_worker_is_named_within_seconds(ray_cpu):
 
 def test_killed_worker_is_named(ray_cpu):
     pool = RayResourcePool([2], use_gpu=False, name_prefix="kill")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name="kill")
+    group = EchoGroup(pool, RayClassWithInitArgs(EchoWorker), name="kill")
     future = group.sleep(30)
     time.sleep(1.0)
     os.kill(group.identities[0].pid, signal.SIGKILL)
@@ -141,7 +148,7 @@ def test_collateral_error_of_a_dead_peer_reports_the_death(ray_cpu):
     """Rank 0's call fails first (its collective lost a peer); rank 1 dies 0.5 s later. The driver must report the
     death (which triggers trainer.max_restarts), not rank 0's collateral error."""
     pool = RayResourcePool([2], use_gpu=False, name_prefix="peer")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name="peer")
+    group = EchoGroup(pool, RayClassWithInitArgs(EchoWorker), name="peer")
     with pytest.raises(WorkerDiedError) as info:
         group.peer_dies_after_error(1, 0.5)
     assert info.value.rank == 1
@@ -151,7 +158,7 @@ def test_collateral_error_of_a_dead_peer_reports_the_death(ray_cpu):
 
 def test_tensor_parallel_peers_share_a_shard_and_one_returns(ray_cpu):
     pool = RayResourcePool([4], use_gpu=False, name_prefix="tp")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(TensorParallelWorker, tp=2), name="tp")
+    group = TensorParallelGroup(pool, RayClassWithInitArgs(TensorParallelWorker, tp=2), name="tp")
     x = torch.arange(6)
     out = group.tag(DataProto({"x": x}))
     assert torch.equal(out.batch["x"], x)
@@ -170,7 +177,7 @@ def test_colocated_roles_share_one_process_and_keep_state(ray_cpu):
         }
     )
     group = RayWorkerGroup(pool, worker_dict_cls, name="colocated")
-    views = group.spawn({"actor": EchoWorker, "critic": CriticLikeWorker})
+    views = group.spawn({"actor": (EchoGroup, EchoWorker), "critic": (CriticLikeGroup, CriticLikeWorker)})
     actor, critic = views["actor"], views["critic"]
     actor_pids = [o["pid"] for o in actor.whoami("")]
     assert [o["tag"] for o in actor.whoami("")] == ["actor", "actor"]

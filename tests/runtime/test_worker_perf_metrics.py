@@ -10,8 +10,8 @@ import pytest
 
 from helpers.e2e import make_config
 from helpers.ppo_batches import ragged_ppo_batch
+from verlx.metrics.throughput import step_memory_peak
 from verlx.protocol import DataProto
-from verlx.trainer.perf_metrics import step_memory_peak
 from verlx.utils.flops import dense_decoder_flops
 from verlx.workers import perf
 from verlx.workers.fsdp import offload

@@ -60,7 +60,7 @@ def test_first_generate_follows_one_complete_multi_bucket_push(one_rank, fake_sg
     # one push: weights resumed, every bucket, one flush, then the KV cache, then generate
     first_push = calls.index("update_weights_from_tensor")
     assert calls[first_push - 1] == "resume_memory_occupation"
-    assert calls[first_push + len(pushes):calls.index("generate")] == ["flush_cache", "resume_memory_occupation"]
+    assert calls[first_push + len(pushes):calls.index("async_generate")] == ["flush_cache", "resume_memory_occupation"]
 
 
 def test_an_engine_failing_mid_generation_is_named_with_its_rank(one_rank, fake_sglang, tmp_path):

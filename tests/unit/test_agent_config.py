@@ -29,7 +29,6 @@ def test_defaults_follow_verl_layout():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.rollout.name=hf", "rollout.name=hf has none; use native"),
     ("data.return_raw_chat=false", "needs data.return_raw_chat=true"),
     ("actor_rollout_ref.rollout.multi_turn.format=hermez", "unknown tool-call format 'hermez'.*Did you mean 'hermes'"),
     ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agnt", "unknown agent loop 'tool_agnt'"),
@@ -49,9 +48,15 @@ def test_bad_values_are_named(override, message):
 
 
 def test_vllm_tensor_parallel_is_refused():
-    problems = agent_loop_problems(config(*ON, "actor_rollout_ref.rollout.name=vllm",
+    """vLLM declares its tensor-parallel peers run in lockstep: tool calls finishing at different times break it."""
+    from verlx.rollout.capabilities import capability_problems
+
+    problems = capability_problems(config(*ON, "actor_rollout_ref.rollout.name=vllm",
                                           "actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
-    assert problems and "tensor_model_parallel_size=1" in problems[0]
+    assert len(problems) == 1 and "multi_turn.enable=true with actor_rollout_ref.rollout.name=vllm needs " \
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got 2)" in problems[0]
+    assert capability_problems(config(*ON, "actor_rollout_ref.rollout.name=sglang",
+                                      "actor_rollout_ref.rollout.tensor_model_parallel_size=2")) == []
 
 
 def test_tool_file_problem_names_file_and_entry_through_validate(tmp_path):
@@ -124,10 +129,6 @@ def test_verl_agent_loop_keys_compose():
 @pytest.mark.parametrize("overrides, message", [
     (["actor_rollout_ref.rollout.mode=one_step_off"],
      r"rollout.mode='one_step_off' is not one of \['sync', 'async'\].*trainer.rollout_mode=one_step_off\|async"),
-    (["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.name=hf"],
-     r"rollout.mode=async \(the agent-loop rollout\) needs an engine with a request stream.*name=hf has none"),
-    (["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.name=helpers.faulty_engines:SlowEngine"],
-     r"name=helpers.faulty_engines:SlowEngine has none"),
     (["actor_rollout_ref.rollout.over_sample_rate=0.1"],
      r"over_sample_rate=0.1 cancels the slowest samples of the agent-loop rollout, which is off: set "
      r"actor_rollout_ref.rollout.mode=async"),

@@ -1,6 +1,7 @@
-"""The multi-turn backends of sglang and vllm driven against the recording stand-ins of their documented APIs
-(Engine.async_generate on the engine's loop; LLMEngine.add_request/step with FINAL_ONLY outputs): the requests
-each turn sends, and the trajectories that come back, exactly. hf is refused with a clear error."""
+"""Multi-turn agent loops over the request streams of sglang and vllm, driven against the recording stand-ins of
+their documented APIs (Engine.async_generate on the engine's loop; LLMEngine.add_request/step with FINAL_ONLY
+outputs): the requests each turn sends, and the trajectories that come back, exactly; a refused request loses its
+sample and an engine failure fails the batch."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from engine_fakes.fake_vllm import RequestOutputKind, install_fake_vllm
 from helpers.chat_templates import build_chat_tokenizer
 from helpers.scripted_policy import prompt_batch
 from verlx.config.roles import AgentLoopConfig, MultiTurnConfig
-from verlx.rollout.agent.backends import GenOutput, SteppedBackend, backend_for
 from verlx.rollout.agent.builtin_tools import calculator
 from verlx.rollout.agent.runner import AgentLoopRunner
 from verlx.rollout.agent.tools import FunctionTool, schema_from_function
 from verlx.rollout.base import SamplingParams
+from verlx.rollout.stream import Finished, RequestStream, StreamLimits
 
 TOOLS = {"calculator": FunctionTool(calculator, schema_from_function(calculator))}
 TOK = build_chat_tokenizer("qwen25")
@@ -126,36 +127,28 @@ def test_vllm_requests_join_as_samples_return_from_tools(tmp_path, undo, monkeyp
     assert not any(c[0] == "generate" for c in state.calls)
 
 
-def test_hf_engine_is_refused_with_the_supported_names():
-    with pytest.raises(ValueError, match=r"mode=async or multi_turn.enable=true.*rollout.name=hf cannot \(supported: "
-                                         r"native, sglang, vllm\)"):
-        backend_for("hf")
-
-
-class FlakyEngine(SteppedBackend):
-    """A stepped engine double: answers ANSWER at once; refuses sample 1's request; can fail at a given step."""
+class FlakyStream(RequestStream):
+    """An engine double: answers ANSWER at once; refuses sample 1's request; can fail at a given step."""
 
     def __init__(self, fail_at_step=None):
-        super().__init__(None, SamplingParams(), want_log_probs=False)
+        super().__init__(SamplingParams(), StreamLimits(64, 10**6), want_log_probs=False)
         self.fail_at_step, self.steps, self.live = fail_at_step, 0, []
 
-    def _submit(self, request_id, ids, max_new_tokens, key):
-        if key[0] == 1:
+    def _submit(self, key, prompt_ids, max_new_tokens, seed, follows):
+        if key.startswith("1/"):
             raise ValueError("request refused")
-        self.live.append(request_id)
+        self.live.append(key)
 
     def _step(self):
         self.steps += 1
         if self.steps == self.fail_at_step:
             raise RuntimeError("device lost")
         done, self.live = self.live, []
-        return [(r, GenOutput(enc(ANSWER), None, "stop")) for r in done]
+        return [Finished(key, enc(ANSWER), None, "stop") for key in done]
 
-    def _busy(self):
-        return bool(self.live)
-
-    def _abort(self, request_ids):
-        self.live = [r for r in self.live if r not in request_ids]
+    def _cancel(self, keys):
+        self.live = [key for key in self.live if key not in keys]
+        return [Finished(key, [], None, "abort") for key in keys]
 
 
 def test_a_refused_request_loses_its_sample_and_an_engine_failure_fails_the_batch(tmp_path):
@@ -163,8 +156,8 @@ def test_a_refused_request_loses_its_sample_and_an_engine_failure_fails_the_batc
     ctx_config.multi_turn = MultiTurnConfig(enable=True)
     runner = AgentLoopRunner(ctx_config, TOK, [EOS], PAD, tools=TOOLS)
     question = [{"role": "user", "content": "What is 12*34?"}]
-    batch = runner.generate_with(FlakyEngine(), prompt_batch(TOK, [question] * 3, width=2048), n=1)
+    batch = runner.generate_with(FlakyStream(), prompt_batch(TOK, [question] * 3, width=2048), n=1)
     assert list(batch.non_tensor_batch["multi_turn_stop_reason"]) == ["answered", "error", "answered"]
     assert batch.batch["response_mask"][1].sum() == 0
     with pytest.raises(RuntimeError, match="rollout engine failed .*device lost"):
-        runner.generate_with(FlakyEngine(fail_at_step=1), prompt_batch(TOK, [question] * 3, width=2048), n=1)
+        runner.generate_with(FlakyStream(fail_at_step=1), prompt_batch(TOK, [question] * 3, width=2048), n=1)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from helpers.chat_templates import build_chat_tokenizer
-from helpers.scripted_policy import ScriptedBackend, prompt_batch, rollout_config, scripted_logprob
+from helpers.scripted_policy import ScriptedStream, prompt_batch, rollout_config, scripted_logprob
 from verlx.rollout.agent.builtin_tools import calculator
 from verlx.rollout.agent.runner import AgentLoopRunner, TemplateMismatchError
 from verlx.rollout.agent.tools import FunctionTool, schema_from_function
@@ -44,7 +44,7 @@ def run(tok, turns_text, tools=TOOLS, conversations=None, response_length=512, e
     conversations = conversations or [QUESTION] * len(turns_text)
     stop = tok.convert_tokens_to_ids("<|im_end|>")
     turns = {k: [enc(tok, t) for t in texts] for k, texts in enumerate(turns_text)}
-    backend = ScriptedBackend(turns, [stop])
+    backend = ScriptedStream(turns, [stop])
     mt.setdefault("default_agent_loop", "tool_agent")
     runner = AgentLoopRunner(rollout_config(response_length=response_length, **mt), tok, [stop],
                              tok.pad_token_id, tools=tools)

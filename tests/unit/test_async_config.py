@@ -30,8 +30,9 @@ def test_modes_that_are_accepted():
     accepted("trainer.rollout_mode=one_step_off")
     accepted("trainer.rollout_mode=async", "trainer.max_staleness=0")
     accepted("trainer.rollout_mode=async", "trainer.max_staleness=3", "trainer.staleness_policy=drop")
-    accepted("trainer.rollout_mode=async", "trainer.max_staleness=1", "trainer.partial_rollout=true",
-             "actor_rollout_ref.rollout.name=native")
+    for engine in ("native", "sglang", "vllm"):
+        accepted("trainer.rollout_mode=async", "trainer.max_staleness=1", "trainer.partial_rollout=true",
+                 f"actor_rollout_ref.rollout.name={engine}")
     accepted("trainer.rollout_mode=sync")  # a rollout group of its own, generating and training in turn
     accepted("trainer.rollout_mode=sync", "algorithm.rollout_correction.rollout_is=token")
 
@@ -54,7 +55,9 @@ def test_modes_that_are_accepted():
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"],
      "algorithm.rollout_correction.rollout_is_threshold=0.0 must be a positive number"),
     (["trainer.rollout_mode=async", "trainer.max_staleness=1", "trainer.partial_rollout=true",
-      "actor_rollout_ref.rollout.name=vllm"], "actor_rollout_ref.rollout.name=vllm cannot pause a generation"),
+      "actor_rollout_ref.rollout.name=hf"], "trainer.partial_rollout=true needs a rollout engine that can pause a "
+     "generation and continue it with new weights, but actor_rollout_ref.rollout.name=hf cannot "
+     "(HFEngine.supports_partial_rollout is False)"),
     (["trainer.rollout_mode=async", "trainer.max_staleness=0", "trainer.partial_rollout=true"],
      "trainer.partial_rollout=true needs trainer.rollout_mode=async with max_staleness >= 1"),
     (["trainer.staleness_policy=drop"], "trainer.staleness_policy=drop applies to trainer.rollout_mode=async only"),

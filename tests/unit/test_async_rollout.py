@@ -13,11 +13,11 @@ from helpers.float_tolerance import decoder_reduction_length, reorder_tolerance
 from native_models import EOS, ragged_prompts, rollout_context, save_tiny_model, with_meta
 from verlx.config.roles import AgentLoopConfig
 from verlx.models.tiny import build_tokenizer
-from verlx.rollout.agent.backends import GenOutput, SteppedBackend
 from verlx.rollout.agent.oversampling import samples_to_keep
 from verlx.rollout.agent.runner import AgentLoopRunner
 from verlx.rollout.base import SamplingParams
 from verlx.rollout.native.engine import NativeEngine
+from verlx.rollout.stream import Finished, RequestStream, StreamLimits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NEW = 16
@@ -67,33 +67,32 @@ def test_single_turn_agent_loop_gives_the_synchronous_batch(engine, meta):
     assert lengths.min() >= 1 and len(sync) == 6 * meta.get("n", 1)
 
 
-class RoundsBackend(SteppedBackend):
-    """A stepped engine double: sample k's request finishes after rounds[k] steps with rounds[k] tokens."""
+class RoundsStream(RequestStream):
+    """An engine double: sample k's request finishes after rounds[k] steps with rounds[k] tokens."""
 
     def __init__(self, rounds: list[int]):
-        super().__init__(None, SamplingParams(), want_log_probs=True)
+        super().__init__(SamplingParams(), StreamLimits(NEW, 10**6), want_log_probs=True)
         self.rounds, self.live, self.released = rounds, {}, []
 
-    def _submit(self, request_id, ids, max_new_tokens, key):
-        self.live[request_id] = [self.rounds[key[0]], key[0]]
+    def _submit(self, key, prompt_ids, max_new_tokens, seed, follows):
+        sample = int(key.split("/")[0])
+        self.live[key] = [self.rounds[sample], sample]
 
     def _step(self):
         done = []
-        for request_id, entry in list(self.live.items()):
+        for key, entry in list(self.live.items()):
             entry[0] -= 1
             if entry[0] == 0:
                 tokens = [10 + entry[1]] * self.rounds[entry[1]]
-                done.append((request_id, GenOutput(tokens, [-0.5] * len(tokens), "length")))
-                del self.live[request_id]
+                done.append(Finished(key, tokens, [-0.5] * len(tokens), "length"))
+                del self.live[key]
         return done
 
-    def _busy(self):
-        return bool(self.live)
-
-    def _abort(self, request_ids):
-        self.released += sorted(request_ids & set(self.live))
-        for request_id in request_ids:
-            self.live.pop(request_id, None)
+    def _cancel(self, keys):
+        self.released += sorted(keys & set(self.live), key=lambda k: int(k.split("/")[0]))
+        for key in keys:
+            self.live.pop(key, None)
+        return [Finished(key, [], [], "abort") for key in keys]
 
 
 def over_sampling_runner(rate: float) -> AgentLoopRunner:
@@ -113,7 +112,7 @@ def over_sampling_runner(rate: float) -> AgentLoopRunner:
 ])
 def test_over_sample_rate_cancels_exactly_the_unfinished_samples(rounds, rate, cancelled):
     prompts = with_meta(ragged_prompts(8, 16, seed=5), do_sample=True)
-    backend = RoundsBackend(rounds)
+    backend = RoundsStream(rounds)
     batch = over_sampling_runner(rate).generate_with(backend, prompts, n=1)
     width = batch.batch["prompts"].shape[1]
     lengths = batch.batch["attention_mask"][:, width:].sum(-1).tolist()
@@ -130,7 +129,7 @@ def test_over_sample_rate_cancels_exactly_the_unfinished_samples(rounds, rate, c
     # the engine aborted the cancelled samples' requests, after one more round (the cut reaches it then)
     last_kept_round = sorted(rounds)[samples_to_keep(8, rate) - 1]
     assert not backend.live
-    assert {int(r) for r in backend.released} == {k for k in cancelled if rounds[k] > last_kept_round + 1}
+    assert {int(r.split("/")[0]) for r in backend.released} == {k for k in cancelled if rounds[k] > last_kept_round + 1}
     assert batch.non_tensor_batch == {}  # mode=async without multi_turn: the synchronous layout
     assert len(cancelled) == (0 if rate == 0 else max(0, 8 - len([r for r in rounds if r <= sorted(rounds)[
         samples_to_keep(8, rate) - 1]])))
@@ -139,7 +138,7 @@ def test_over_sample_rate_cancels_exactly_the_unfinished_samples(rounds, rate, c
 @pytest.mark.parametrize("meta", [{"validate": True, "do_sample": True}, {"do_sample": False}])
 def test_validation_and_greedy_calls_are_never_cut(meta):
     prompts = with_meta(ragged_prompts(4, 16, seed=6), **meta)
-    batch = over_sampling_runner(0.5).generate_with(RoundsBackend([1, 2, 3, 4]), prompts, n=1)
+    batch = over_sampling_runner(0.5).generate_with(RoundsStream([1, 2, 3, 4]), prompts, n=1)
     assert batch.batch["response_mask"].sum(-1).tolist() == [1, 2, 3, 4]
 
 

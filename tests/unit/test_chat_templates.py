@@ -10,7 +10,7 @@ import json
 import pytest
 
 from helpers.chat_templates import STOP_TOKENS, build_chat_tokenizer
-from helpers.scripted_policy import ScriptedBackend, prompt_batch, rollout_config
+from helpers.scripted_policy import ScriptedStream, prompt_batch, rollout_config
 from verlx.rollout.agent.builtin_tools import calculator
 from verlx.rollout.agent.chat import ChatCodec
 from verlx.rollout.agent.loops import AGENT_LOOPS, ToolAgentLoop
@@ -64,7 +64,7 @@ def enc(tok, text):
 def run(template, turns, agent="tool_agent", template_kwargs=None, **mt):
     tok = build_chat_tokenizer(template)
     stop = tok.convert_tokens_to_ids(STOP_TOKENS[template])
-    backend = ScriptedBackend({0: [enc(tok, t) for t in turns]}, [stop])
+    backend = ScriptedStream({0: [enc(tok, t) for t in turns]}, [stop])
     config = rollout_config(default_agent_loop=agent, **mt)
     runner = AgentLoopRunner(config, tok, [stop], tok.pad_token_id, template_kwargs=template_kwargs, tools=TOOLS)
     return tok, backend, runner.generate_with(backend, prompt_batch(tok, [QUESTION]), n=1)
@@ -125,7 +125,7 @@ def test_template_that_rewrites_history_has_no_delta_and_is_counted():
     tok.chat_template = ("{{ 'turns=' + messages|length|string + '\\n' }}"
                          + tok.chat_template)  # the header changes whenever a message is added
     stop = tok.convert_tokens_to_ids("<|im_end|>")
-    backend = ScriptedBackend({0: [enc(tok, hermes("1+1") + "<|im_end|>"), enc(tok, "2<|im_end|>")]}, [stop])
+    backend = ScriptedStream({0: [enc(tok, hermes("1+1") + "<|im_end|>"), enc(tok, "2<|im_end|>")]}, [stop])
     runner = AgentLoopRunner(rollout_config(default_agent_loop="tool_agent"), tok, [stop], tok.pad_token_id,
                              tools=TOOLS)
     batch = runner.generate_with(backend, prompt_batch(tok, [QUESTION]), n=1)

@@ -9,9 +9,9 @@ import torch
 
 from verlx.config.loader import ConfigError
 from verlx.config.run import TrainerConfig
+from verlx.metrics.accumulator import MetricAccumulator
 from verlx.trainer import checkpointing
 from verlx.workers.guarded_step import GuardedStepper, NonFiniteUpdates
-from verlx.workers.stats import MetricAccumulator
 
 
 def make_complete(root, step, critic=False):

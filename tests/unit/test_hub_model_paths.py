@@ -28,7 +28,7 @@ def offline_cache(tmp_path, monkeypatch):
 
 
 def test_local_paths_and_non_ids_are_left_alone(tmp_path):
-    from verlx.utils.hf_paths import is_hub_id, resolve_model_path
+    from verlx.config.hf_paths import is_hub_id, resolve_model_path
 
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "name").mkdir()

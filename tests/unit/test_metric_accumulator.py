@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verlx.workers.stats import MetricAccumulator
+from verlx.metrics.accumulator import MetricAccumulator
 
 
 def test_values_from_other_devices_are_stacked_on_the_accumulators_device():

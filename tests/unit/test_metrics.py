@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verlx.metrics.data import compute_data_metrics
 from verlx.protocol import DataProto
-from verlx.trainer.metrics import compute_data_metrics
 
 X = 99.0  # a value outside the response mask: must not show up anywhere
 

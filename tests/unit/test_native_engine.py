@@ -200,7 +200,7 @@ def test_sleep_frees_state_and_wake_up_restores_it(qwen2):
         discarding.generate(with_meta(prompts, **meta))
     discarding.update_weights(model.state_dict().items())
     assert torch.equal(discarding.generate(with_meta(prompts, **meta)).batch["responses"], before)
-    with pytest.raises(ValueError, match="unknown tags"):
+    with pytest.raises(ValueError, match="unknown wake-up tags"):
         discarding.wake_up(["kv"])
 
 

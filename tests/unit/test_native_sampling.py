@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from verlx.rollout.base import SamplingParams
-from verlx.rollout.native.sampling import plan_from_params, row_seed, sample_tokens, uniform
+from verlx.rollout.native.sampling import plan_from_params, sample_tokens, uniform
+from verlx.rollout.seeds import row_seed
 
 ROWS = 40000
 PROBS = torch.tensor([0.1, 0.2, 0.3, 0.4])

@@ -1,6 +1,6 @@
-"""The native engine's RequestStream: requests submitted while others decode get exactly the tokens (and
-log-probs) a batch generate gives the same prompt with the same seed; per-request limits are honoured; the
-multi-turn backend drives it from coroutines."""
+"""The native engine's request stream: requests submitted while others decode get exactly the tokens (and
+log-probs) a batch generate gives the same prompt with the same seed; per-request limits are honoured; the agent
+loop's driver drives it from coroutines."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 
 from helpers.float_tolerance import decoder_reduction_length, reorder_tolerance
 from native_models import EOS, ragged_prompts, rollout_context, save_tiny_model, with_meta
-from verlx.rollout.agent.engine_backends import NativeBackend
+from verlx.rollout.agent.driver import StreamDriver
 from verlx.rollout.base import resolve_sampling
 from verlx.rollout.native.engine import NativeEngine
-from verlx.rollout.native.sampling import row_seed
+from verlx.rollout.seeds import row_seed
 
 NEW = 24
 
@@ -58,17 +58,17 @@ def test_requests_joining_mid_decode_get_the_batch_tokens(engine):
     seeds = [11, 12, 13, 14, 15, 16]
     want_ids, want_lps = reference(engine, prompts, seeds)
     params = resolve_sampling(engine.config, {"temperature": 1.0}, [EOS])
-    stream, _ = engine.open_stream(params)
+    stream = engine.open_stream(params)
     ids = token_lists(prompts)
     got = {}
     for k in range(2):
         stream.submit(str(k), ids[k], NEW, row_seed(seeds[k], 0))
     for _ in range(2):  # the first two decode a few rounds alone
-        got.update({key: (t, lp) for key, t, lp in stream.step()})
+        got.update({f.key: (f.token_ids, f.log_probs) for f in stream.step()})
     for k in range(2, 6):  # more than the 4 slots: some wait for a free slot
         stream.submit(str(k), ids[k], NEW, row_seed(seeds[k], 0))
     while stream.busy:
-        got.update({key: (t, lp) for key, t, lp in stream.step()})
+        got.update({f.key: (f.token_ids, f.log_probs) for f in stream.step()})
     assert sorted(got) == [str(k) for k in range(6)]
     tolerance = lp_tolerance(engine, *want_lps)
     for k in range(6):
@@ -80,13 +80,13 @@ def test_requests_joining_mid_decode_get_the_batch_tokens(engine):
 def test_per_request_limit_and_bad_requests(engine):
     prompts = ragged_prompts(2, 10, seed=4)
     params = resolve_sampling(engine.config, {"temperature": 1.0, "ignore_eos": True}, [EOS])
-    stream, _ = engine.open_stream(params)
+    stream = engine.open_stream(params)
     ids = token_lists(prompts)
     stream.submit("short", ids[0], 5, 3)
     stream.submit("long", ids[0], NEW, 3)
     got = {}
     while stream.busy:
-        got.update({key: t for key, t, _ in stream.step()})
+        got.update({f.key: f.token_ids for f in stream.step()})
     assert len(got["short"]) == 5 and len(got["long"]) == NEW
     assert got["long"][:5] == got["short"]  # the same seed draws the same tokens; the limit only cuts
     with pytest.raises(ValueError, match="max_new_tokens=0 must be in"):
@@ -95,34 +95,34 @@ def test_per_request_limit_and_bad_requests(engine):
         stream.submit("x", ids[0] * 10, NEW, 1)
 
 
-def test_native_backend_serves_concurrent_coroutines(engine):
+def test_the_agent_driver_serves_concurrent_coroutines(engine):
     prompts = ragged_prompts(5, 12, seed=5)
     ids = token_lists(prompts)
     params = resolve_sampling(engine.config, {"temperature": 1.0, "seed": 99}, [EOS])
 
     async def run():
-        backend = NativeBackend(engine, params, want_log_probs=True)
-        await backend.start()
+        driver = StreamDriver(engine.open_stream(params), n=1)
+        await driver.start()
 
         async def sample(k):
             await asyncio.sleep(0.01 * k)  # arrive one by one
-            return await backend.generate(ids[k], NEW - k, (k, 0))
+            return await driver.generate(ids[k], NEW - k, (k, 0))
 
         outs = await asyncio.gather(*(sample(k) for k in range(5)))
-        await backend.stop()
+        await driver.stop()
         return outs
 
     outs = asyncio.run(run())
-    stream, _ = engine.open_stream(params)
+    stream = engine.open_stream(params)
     for k in range(5):
         stream.submit(str(k), ids[k], NEW - k, row_seed(row_seed(99, k), 0))  # what batch generate gives row k
     want = {}
     while stream.busy:
-        want.update({key: t for key, t, _ in stream.step()})
+        want.update({f.key: f.token_ids for f in stream.step()})
     for k, out in enumerate(outs):
-        assert out.ids == want[str(k)] and len(out.ids) <= NEW - k
-        assert out.finish_reason == ("stop" if out.ids[-1] == EOS else "length")
-        assert len(out.log_probs) == len(out.ids)
+        assert out.token_ids == want[str(k)] and len(out.token_ids) <= NEW - k
+        assert out.finish_reason == ("stop" if out.token_ids[-1] == EOS else "length")
+        assert len(out.log_probs) == len(out.token_ids)
 
 
 def test_extend_prefill_matches_a_full_prefill(engine):
@@ -152,7 +152,7 @@ def test_a_later_turn_reuses_the_parked_kv_and_gets_the_same_tokens(engine):
     params = resolve_sampling(engine.config, {"temperature": 1.0}, [EOS])
 
     def conversation(reuse: bool):
-        stream, _ = engine.open_stream(params)
+        stream = engine.open_stream(params)
         ids = token_lists(ragged_prompts(6, 10, seed=8))
         out, tools = {}, []  # tools: [rounds left, follow-up request] (a tool call taking a few rounds)
         for k in range(6):  # 6 conversations on 4 slots: parked slots must be given up for waiting ones
@@ -163,8 +163,9 @@ def test_a_later_turn_reuses_the_parked_kv_and_gets_the_same_tokens(engine):
             for _, request in [t for t in tools if t[0] <= 0]:
                 stream.submit(*request)
             tools = [t for t in tools if t[0] > 0]
-            for key, tokens, lps in stream.step():  # others decode while a conversation waits for its tool
-                out[key] = (tokens, lps)
+            for f in stream.step():  # others decode while a conversation waits for its tool
+                key, tokens = f.key, f.token_ids
+                out[key] = (tokens, f.log_probs)
                 k, turn = (int(x) for x in key.split("/"))
                 if turn == 0:
                     follow_up = (f"{k}/1", ids[k] + tokens + [5, 6, 7, 8, 9], 6, 200 + k, key if reuse else None)
@@ -189,12 +190,12 @@ def test_requests_with_the_same_prompt_share_one_prefill(engine):
     seeds = [31, 32, 33, 34]
     want_ids, want_lps = reference(engine, with_meta(prompts).repeat(2, interleave=True), seeds)
     params = resolve_sampling(engine.config, {"temperature": 1.0}, [EOS])
-    stream, _ = engine.open_stream(params)
+    stream = engine.open_stream(params)
     for k in range(4):  # rows 0, 1 share prompt 0; rows 2, 3 prompt 1
         stream.submit(str(k), ids[k // 2], NEW, row_seed(seeds[k], 0))
     got = {}
     while stream.busy:
-        got.update({key: (t, lp) for key, t, lp in stream.step()})
+        got.update({f.key: (f.token_ids, f.log_probs) for f in stream.step()})
     tolerance = lp_tolerance(engine, *want_lps)
     for k in range(4):
         assert got[str(k)][0] == want_ids[k]

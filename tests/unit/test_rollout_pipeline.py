@@ -6,16 +6,19 @@ of waits, so every sequence is exact."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
 
+from verlx.batch_columns import POLICY_VERSION, POLICY_VERSION_LAST, TOKEN_VERSIONS
 from verlx.config.loader import build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 from verlx.protocol import DataProto
 from verlx.rollout.base import build_rollout_batch
 from verlx.trainer.rollout_modes.pipeline import RolloutPipeline, RolloutStalled
-from verlx.trainer.rollout_modes.staleness import TOKEN_VERSIONS, VERSION, VERSION_LAST, staleness_metrics
+from verlx.trainer.rollout_modes.staleness import staleness_metrics
 
 RESPONSE = 4  # data.max_response_length
 ROWS = 2  # samples per prompt batch
@@ -58,8 +61,12 @@ class ScriptedWorkers:
         self.launches: list[tuple[int, int, int]] = []  # (prompt batch, weights version, rows)
         self.interrupted: set[int] = set()
 
-    def submit(self, method: str, inputs: DataProto) -> ScriptedCall:
-        assert method == "generate_sequences"
+    @property
+    def generate_sequences(self):
+        """The group method's shape: `group.generate_sequences.submit(inputs)` returns a future."""
+        return types.SimpleNamespace(submit=self._submit_generation)
+
+    def _submit_generation(self, inputs: DataProto) -> ScriptedCall:
         self.launches.append((inputs.meta_info["global_step"], self.group.version, len(inputs)))
         return ScriptedCall(self, inputs, self.ticks)
 
@@ -126,7 +133,7 @@ def train(pipeline, state, steps: int, mid_step_pump: bool = False) -> list:
 
 
 def staleness(items) -> list[int]:
-    return [version - int(item.batch.batch[VERSION].min()) for item, version in items]
+    return [version - int(item.batch.batch[POLICY_VERSION].min()) for item, version in items]
 
 
 @pytest.mark.parametrize("mode,bound,expected", [
@@ -191,7 +198,7 @@ def test_partial_rollout_continues_interrupted_samples_with_the_new_weights():
     assert first[TOKEN_VERSIONS].tolist() == [[0, 0, 0, 0]] * ROWS  # generated before any update
     # batch 2 started with version 0, was interrupted by update 1 after 2 tokens and finished with version 1
     assert second[TOKEN_VERSIONS].tolist() == [[0, 0, 1, 1]] * ROWS
-    assert second[VERSION].tolist() == [0] * ROWS and second[VERSION_LAST].tolist() == [1] * ROWS
+    assert second[POLICY_VERSION].tolist() == [0] * ROWS and second[POLICY_VERSION_LAST].tolist() == [1] * ROWS
     assert third[TOKEN_VERSIONS].tolist() == [[1, 1, 2, 2]] * ROWS
     assert staleness(items) == [0, 1, 1]
     assert group.wg.interrupted == {1, 3, 5}  # batches 2, 3 and 4 were each running when an update landed

@@ -32,7 +32,7 @@ def test_prompt_token_lists_strip_left_padding():
     "mask", [[[1, 1, 0, 0], [1, 1, 1, 1]], [[0, 1, 1, 1], [0, 0, 0, 0]], [[0, 1, 1, 1], [1, 0, 1, 1]]]
 )
 def test_prompts_that_are_not_left_padded(mask):
-    with pytest.raises(ValueError, match="not a non-empty left-padded sequence"):
+    with pytest.raises(ValueError, match=r"prompt row [01]: attention_mask is not left-padded or has no token"):
         prompt_token_lists(prompts([[1, 2, 3, 4], [5, 6, 7, 8]], mask))
 
 

@@ -5,13 +5,19 @@ from __future__ import annotations
 import pytest
 
 from engine_fakes.contexts import make_ctx
-from engine_fakes.fake_vllm import PACKED, CompletionOutput, Logprob, RequestOutput
+from engine_fakes.fake_vllm import PACKED, CompletionOutput, Logprob
 from verlx.config.roles import EngineKwargs
 from verlx.rollout.base import SamplingParams
 from verlx.rollout.engine_layout import plan_engine_layout
 from verlx.rollout.kernel_backends import KernelInventory
 from verlx.rollout.token_io import EngineGenerationError
-from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloaded_names, vllm_sampling_kwargs
+from verlx.rollout.vllm_adapter import (
+    build_llm_args,
+    completion_tokens,
+    finish_of,
+    unloaded_names,
+    vllm_sampling_kwargs,
+)
 
 
 @pytest.mark.parametrize(
@@ -44,29 +50,20 @@ def completion(index, ids, reason="stop", logprobs=True, stop_reason=None):
     return CompletionOutput(index, "", ids, None, lps, reason, stop_reason)
 
 
-def test_parse_orders_by_index_within_each_prompt():
-    outs = [
-        RequestOutput("0", None, [1, 2], None, [completion(1, [7, 2]), completion(0, [5, 6])], True),
-        RequestOutput("1", None, [3], None, [completion(0, [8]), completion(1, [9, 10, 11], "length")], True),
-    ]
-    result = parse_vllm_outputs(outs, n=2, want_log_probs=True)
-    assert result.token_ids == [[5, 6], [7, 2], [8], [9, 10, 11]]
-    assert result.log_probs == [[-0.25, -0.5], [-0.25, -0.5], [-0.25], [-0.25, -0.5, -0.75]]
-    assert result.finish_reasons == ["stop", "stop", "stop", "length"]
+def test_a_completion_gives_its_tokens_and_the_sampled_tokens_log_probs():
+    assert completion_tokens(completion(0, [5, 6]), True, "r") == ([5, 6], [-0.25, -0.5])
+    assert completion_tokens(completion(0, [9, 10, 11], "length"), False, "r") == ([9, 10, 11], None)
+    assert finish_of(completion(0, [5], "abort", stop_reason="oom")) == ("abort", "oom")
+    assert finish_of(completion(0, [5, 2])) == ("stop", "")
 
 
-def test_parse_errors():
-    with pytest.raises(EngineGenerationError, match="1 completions for prompt 0, expected n=2"):
-        parse_vllm_outputs([RequestOutput("0", None, [1], None, [completion(0, [5])], True)], 2, False)
-    with pytest.raises(EngineGenerationError, match="2 tokens but none log-prob entries"):
-        no_logprobs = completion(0, [5, 6], logprobs=False)
-        parse_vllm_outputs([RequestOutput("0", None, [1], None, [no_logprobs], True)], 1, True)
+def test_completion_errors():
+    with pytest.raises(EngineGenerationError, match="request r: 2 tokens but none log-prob entries"):
+        completion_tokens(completion(0, [5, 6], logprobs=False), True, "r")
     missing = completion(0, [5, 6])
     missing.logprobs[1] = {99: Logprob(-1.0)}
     with pytest.raises(EngineGenerationError, match="no log-prob for sampled token 6"):
-        parse_vllm_outputs([RequestOutput("0", None, [1], None, [missing], True)], 1, True)
-    with pytest.raises(EngineGenerationError, match="finish reason 'abort'"):
-        parse_vllm_outputs([RequestOutput("0", None, [1], None, [completion(0, [5], "abort")], True)], 1, False)
+        completion_tokens(missing, True, "r")
 
 
 def test_unloaded_names_understand_fused_parameters():

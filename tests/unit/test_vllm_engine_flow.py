@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_fakes.contexts import EOS, left_padded_prompts, make_ctx, trainer_weights
-from engine_fakes.fake_vllm import install_fake_vllm
+from engine_fakes.fake_vllm import RequestOutputKind, install_fake_vllm
 from verlx.rollout.engine_versions import UnsupportedEngineVersion
 from verlx.rollout.residency import EngineStateError
 from verlx.rollout.token_io import EngineGenerationError
@@ -35,6 +35,16 @@ def fake(tmp_path, monkeypatch):
 
 def build(tmp_path, **overrides):
     return VLLMRolloutEngine(make_ctx(str(tmp_path / "model"), **overrides))
+
+
+def phases(calls) -> list[str]:
+    """The call names, a generation's add_request / step calls in a row shown as one "generate"."""
+    out = []
+    for call in calls:
+        name = "generate" if call[0] in ("add_request", "step") else call[0]
+        if not (name == "generate" and out and out[-1] == "generate"):
+            out.append(name)
+    return out
 
 
 def test_llm_arguments_and_environment(fake, tmp_path, monkeypatch):
@@ -70,11 +80,9 @@ def test_one_rl_step(fake, tmp_path, version):
     engine.update_weights(trainer_weights(scale=2.0))
     engine.wake_up(["kv_cache"])
     engine.generate(left_padded_prompts())
-    assert state.calls[1:] == [
-        ("reset_prefix_cache",), state.calls[2], ("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"]),
-        state.calls[6],
-    ]
-    assert state.names()[2] == state.names()[6] == "generate"
+    assert phases(state.calls) == ["LLM", "reset_prefix_cache", "generate", "sleep", "wake_up", "wake_up", "generate"]
+    assert [c for c in state.calls if c[0] in ("sleep", "wake_up")] == [
+        ("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
     params = dict(state.llms[0].model.named_parameters())
     # trainer parameter i holds 2 * (i + 1): q, k, v are 3rd-5th (6, 8, 10), gate/up 8th-9th (16, 18)
     qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
@@ -88,11 +96,13 @@ def test_generate_returns_the_shared_layout(fake, tmp_path):
     state = fake()
     engine = build(tmp_path, load_format="auto")
     out = engine.generate(left_padded_prompts({"n": 2}))
-    _, prompts, sampling = state.calls[1]
-    assert prompts == [[5, 6, 7], [9]]
-    assert sampling == dict(n=2, max_tokens=6, min_tokens=0, temperature=1.0, top_p=1.0, top_k=-1, seed=None,
-                            stop=None, stop_token_ids=[EOS], ignore_eos=False, logprobs=0, detokenize=False,
-                            skip_special_tokens=True)
+    adds = [c for c in state.calls if c[0] == "add_request"]
+    assert [c[2] for c in adds] == [[5, 6, 7], [5, 6, 7], [9], [9]]  # one request per sample
+    for _, _, _, sampling, kind in adds:
+        assert sampling == dict(n=1, max_tokens=6, min_tokens=0, temperature=1.0, top_p=1.0, top_k=-1, seed=None,
+                                stop=None, stop_token_ids=[EOS], ignore_eos=False, logprobs=0, detokenize=False,
+                                skip_special_tokens=True)
+        assert kind is RequestOutputKind.FINAL_ONLY
     # same fake sample rule as the SGLang test: 118 119 EOS | 105 EOS | 109 EOS | EOS
     assert out.batch["responses"].tolist() == [
         [118, 119, EOS, 0, 0, 0], [105, EOS, 0, 0, 0, 0], [109, EOS, 0, 0, 0, 0], [EOS, 0, 0, 0, 0, 0]

@@ -126,6 +126,16 @@ class AgentLoopConfig:
     default_agent_loop: str = "single_turn_agent"
 
 
+@dataclass
+class RolloutServerConfig:
+    """`rollout.server`: the engines serve their requests from HTTP servers verlx starts (docs/rollout.md)."""
+
+    enable: bool = False
+    host: str = "127.0.0.1"
+    port: int | None = None
+    startup_timeout_s: float = 600.0
+
+
 # rollout.dtype: the names every rollout engine understands (each maps the short ones to its own spelling)
 ROLLOUT_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 
@@ -168,6 +178,7 @@ class RolloutConfig:
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    server: RolloutServerConfig = field(default_factory=RolloutServerConfig)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
 
     @property

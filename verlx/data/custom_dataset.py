@@ -31,8 +31,6 @@ from verlx.data.rl_dataset import (
 from verlx.protocol import DataProto, collate_rows
 from verlx.utils.user_code import load_object
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
-
 
 def data_view(data_config):
     """The data section as veRL hands it to user classes: a read-only OmegaConf DictConfig (attribute access and

@@ -1,27 +1,35 @@
-"""The rollout-engine interface, its registry and the batch layout every engine returns.
+"""The rollout-engine interface, its registry and the batch layout every generation returns.
 
-An engine lives inside a worker process next to the FSDP actor. Per step it is woken, given fresh weights,
-asked to generate, and put back to sleep so training gets the memory. Every engine returns the same layout
-(`build_rollout_batch`), so the trainer never knows which one ran.
+An engine lives inside a worker process next to the FSDP actor. Per step it is woken, given fresh weights, asked to
+generate, and put back to sleep so training gets the memory (`RolloutEngine.awake`). An engine is residency plus a
+request stream (rollout/stream.py); batch generation, partial rollout and the agent loop are written once over the
+stream, so every engine returns the same layout (`build_rollout_batch`) and the trainer never knows which one ran.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import importlib.util
 import logging
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from verlx.protocol import DataProto
+from verlx.rollout.residency import KV_CACHE, WAKE_ORDER, WEIGHTS, EngineResidency
+from verlx.rollout.seeds import row_seed
+from verlx.rollout.stream import RequestStream, StreamLimits
 from verlx.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine", "actor_rollout_ref.rollout.name",
                                                             import_paths=True)
 # Built-in engines by name; each module is imported when its engine is first asked for (and imports its own
@@ -55,6 +63,8 @@ class RolloutContext:
     tokenizer_path: str | None = None
     #: worker processes (GPUs) per node, trainer.n_gpus_per_node; None: every rank on one node
     n_gpus_per_node: int | None = None
+    #: shares its devices with training (false: a rollout worker group of its own, whose engines stay awake)
+    colocated: bool = True
 
     @property
     def gpus_per_node(self) -> int:
@@ -146,17 +156,52 @@ def resolve_sampling(config, meta_info: dict, eos_token_ids: list[int]) -> Sampl
     return params
 
 
-class RolloutEngine(abc.ABC):
-    """Generation inside a worker: generate / sleep / wake_up / update_weights."""
+@dataclass(frozen=True)
+class PolicyWeights:
+    """A version of the trainer's weights and how to stream them into an engine (HF names, full tensors): `open()`
+    is a context manager that yields the lazy stream (the actor's parameters are on the device inside it)."""
 
+    version: int
+    open: Callable[[], AbstractContextManager[Iterable[tuple[str, torch.Tensor]]]]
+
+
+class RolloutEngine(abc.ABC):
+    """Generation inside a worker: residency (sleep / wake_up / update_weights) and a request stream (open_stream).
+
+    The public methods keep `residency`, the one record of what the engine holds, and call the engine's hooks
+    (`_release`, `_resume`, `_load_weights`, `_open_stream`) only when the state allows; `generate` (batch and
+    partial rollout) and the agent loop are written once over the stream. What an engine can do is declared below.
+    """
+
+    #: the name in messages
+    name: ClassVar[str] = "custom"
     #: the pip package whose presence makes the engine usable (None: always available)
-    requires_package: str | None = None
-    #: whether the engine can decode greedily (REMAX's baseline needs it)
-    supports_greedy: bool = True
+    requires_package: ClassVar[str | None] = None
+    #: decodes greedily (REMAX's baseline needs it)
+    supports_greedy: ClassVar[bool] = True
+    #: a cancelled request returns the tokens it generated, and a request may continue a response from them
+    #: with new weights (trainer.partial_rollout)
+    supports_partial_rollout: ClassVar[bool] = False
+    #: can serve its requests from an HTTP server of its own (actor_rollout_ref.rollout.server.enable)
+    supports_server: ClassVar[bool] = False
+    #: shards one replica over several GPUs (rollout.tensor_model_parallel_size > 1)
+    supports_tensor_parallel: ClassVar[bool] = True
+    #: tensor-parallel peers each drive their share and must submit the same requests in the same order (vLLM's
+    #: SPMD mode): requests whose order depends on timing (tool calls, interruptions) need tensor parallel size 1
+    tensor_parallel_in_lockstep: ClassVar[bool] = False
 
     def __init__(self, ctx: RolloutContext):
         self.ctx = ctx
         self.config = ctx.config
+        cfg = self.config
+        self.max_model_len = int(cfg.max_model_len or cfg.prompt_length + cfg.response_length)
+        #: releases its memory between generations: it shares its devices with training and free_cache_engine
+        self.sleeps = bool(cfg.free_cache_engine) and ctx.colocated
+        self.residency = EngineResidency(self.name, weights_current=not cfg.load_format.startswith("dummy"),
+                                         weights_survive_release=int(cfg.sleep_level) < 2)
+        self.generations = 0
+        #: what the last batch generation reported (rounds, prefill and decode time...; engine-specific)
+        self.last_stats: dict | None = None
 
     @classmethod
     def is_available(cls) -> bool:
@@ -171,24 +216,95 @@ class RolloutEngine(abc.ABC):
         """What to tell a user who chose the engine without its package installed."""
         return f"pip install {cls.requires_package}" if cls.requires_package else ""
 
-    @abc.abstractmethod
-    def generate(self, prompts: DataProto) -> DataProto:
-        """Left-padded prompts (input_ids, attention_mask, position_ids) → the rollout batch layout."""
-
-    @abc.abstractmethod
+    # ------------------------------------------------------------------ residency
     def sleep(self) -> None:
-        """Release KV cache and weights (the training phase needs the memory)."""
+        """Release weights and KV cache (the training phase needs the memory); nothing for an engine that keeps
+        them (rollout.free_cache_engine=false, or a rollout worker group of its own)."""
+        if self.sleeps and not self.residency.asleep:
+            self._release()
+            self.residency.mark_released()
 
-    @abc.abstractmethod
-    def wake_up(self, tags: Iterable[str] = ("weights", "kv_cache")) -> None:
-        """Restore what sleep released; `weights` before a weight push, `kv_cache` after it."""
+    def wake_up(self, tags: Iterable[str] = WAKE_ORDER) -> None:
+        """Restore what sleep released, in wake order: `weights` before a weight push, `kv_cache` after it."""
+        for tag in self.residency.to_resume(tags):
+            self._resume(tag)
+            self.residency.mark_resumed([tag])
 
-    @abc.abstractmethod
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """One push of a weight version: copy the HF-named tensors of a (lazy) stream into the engine, bucket by
-        bucket; raise if the engine rejects them. Engines that start from random weights or discard them while
-        asleep count what arrived within this one call, so callers pass the whole stream at once, never one
-        bucket per call."""
+        bucket; raise if the engine rejects them. Completeness is counted within this one call (an engine with
+        random or discarded weights may generate only after a push of every parameter), so callers pass the
+        whole stream at once, never one bucket per call."""
+        self.residency.require_weights_resident()
+        unset = self._load_weights(named_tensors)
+        if unset and not self.residency.weights_current:
+            logger.warning("%s: the push left %d parameters unset (%s...); generate stays refused until a complete "
+                           "push", self.name, len(unset), sorted(unset)[:4])
+        self.residency.mark_pushed(complete=not unset, version=version)
+
+    @contextlib.contextmanager
+    def awake(self, weights: PolicyWeights | None = None) -> Iterator[dict[str, float]]:
+        """The engine's cycle around one generation, in one place: weights resumed, `weights` pushed unless the
+        engine holds that version already, the KV cache resumed; released again after the block. Yields the
+        timings it measured (timing_s/update_weights when it pushed)."""
+        timing: dict[str, float] = {}
+        self.wake_up([WEIGHTS])
+        if weights is not None and not self.residency.holds(weights.version):
+            start = time.perf_counter()
+            with weights.open() as tensors:
+                self.update_weights(tensors, version=weights.version)
+            timing["timing_s/update_weights"] = time.perf_counter() - start
+        if self.ctx.device.type == "cuda" and KV_CACHE not in self.residency.resident:
+            torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
+        self.wake_up([KV_CACHE])
+        yield timing
+        self.sleep()
+
+    # ------------------------------------------------------------------ generation
+    def open_stream(self, params: SamplingParams, partial: bool = False) -> RequestStream:
+        """A request stream with the sampling settings of `params` (each request brings its own budget); its
+        `base_seed` is the seed this generation's rows derive theirs from. `partial`: a cancelled request must
+        come back with the tokens it generated (partial rollout; engines for which that costs something, vLLM,
+        track them only when asked)."""
+        self.residency.require_ready_to_generate()
+        self.generations += 1
+        stream = self._open_stream(params, partial)
+        stream.base_seed = (int(params.seed) if params.seed is not None
+                            else row_seed(int(self.config.seed) + self.ctx.dp_rank, self.generations))
+        return stream
+
+    def stream_limits(self) -> StreamLimits:
+        return StreamLimits(int(self.config.response_length), self.max_model_len)
+
+    def generate(self, prompts: DataProto, interrupted: Callable[[], bool] | None = None) -> DataProto:
+        """Left-padded prompts (input_ids, attention_mask, position_ids) → the rollout batch layout. With
+        `interrupted`, a partial rollout: rows may continue earlier responses and stop when it turns true
+        (rollout/generation.py)."""
+        from verlx.rollout.generation import generate_batch
+
+        return self.drive(lambda: generate_batch(self, prompts, interrupted))
+
+    def drive(self, generation: Callable[[], T]) -> T:
+        """Run a whole generation (batch, partial or agent loop) where this engine's requests are made, and return
+        its result on every rank. Here by default; SGLang's tensor-parallel groups run it on their leader."""
+        return generation()
+
+    # ------------------------------------------------------------------ what an engine implements
+    @abc.abstractmethod
+    def _release(self) -> None:
+        """Release weights and KV cache on the device."""
+
+    @abc.abstractmethod
+    def _resume(self, tag: str) -> None:
+        """Restore one released tag (WEIGHTS or KV_CACHE)."""
+
+    @abc.abstractmethod
+    def _load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy the tensors in; return the names of the parameters this push left unset (empty: complete)."""
+
+    @abc.abstractmethod
+    def _open_stream(self, params: SamplingParams, partial: bool) -> RequestStream:
+        """The engine's RequestStream for one generation."""
 
 
 def resolve_engine_name(name: str) -> str:

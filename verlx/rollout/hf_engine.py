@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from verlx.models.chunked_logprob import chunked_log_probs
-from verlx.protocol import DataProto
-from verlx.rollout.base import (
-    RolloutContext,
-    RolloutEngine,
-    build_rollout_batch,
-    mask_after_stop,
-    resolve_sampling,
-)
+from verlx.rollout.base import RolloutContext, RolloutEngine, SamplingParams, mask_after_stop
+from verlx.rollout.residency import WEIGHTS
+from verlx.rollout.stream import ABORT, LENGTH, STOP, Finished, RequestStream, StreamLimits
 from verlx.rollout.weight_sync import hf_param_name
 
 
 class HFEngine(RolloutEngine):
-    """Weights live on the device while awake and in CPU memory while asleep (like vLLM's sleep level 1)."""
+    """Weights live on the device while awake and in CPU memory while asleep (like vLLM's sleep level 1). Its
+    stream runs the requests waiting at a step as one `generate` call, to the end: nothing runs between steps, so
+    there is nothing to pause (no partial rollout)."""
+
+    name = "hf"
+    supports_tensor_parallel = False
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
@@ -33,54 +35,73 @@ class HFEngine(RolloutEngine):
         self.model = model.to(ctx.device).eval()
         self.dtype = dtype
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
-        self._awake = True
+        self.residency.weights_survive_release = True
+
+    def _open_stream(self, params: SamplingParams, partial: bool) -> HFStream:
+        return HFStream(self, params, self.stream_limits())
+
+    def _release(self) -> None:
+        if self.ctx.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def _resume(self, tag: str) -> None:
+        if tag == WEIGHTS:
+            self.model.to(self.ctx.device)
 
     @torch.no_grad()
-    def generate(self, prompts: DataProto) -> DataProto:
-        if not self._awake:
-            raise RuntimeError("hf engine: generate called while asleep; call wake_up() first")
-        params = resolve_sampling(self.config, prompts.meta_info, self.ctx.eos_token_ids)
-        device = self.ctx.device
-        input_ids = prompts.batch["input_ids"].to(device)
-        attention_mask = prompts.batch["attention_mask"].to(device)
+    def _load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        copied: set[int] = set()
+        for name, tensor in named_tensors:
+            name = hf_param_name(name)
+            param = self._params.get(name)
+            if param is None:
+                raise KeyError(f"hf engine: no parameter named {name!r} in {type(self.model).__name__}")
+            if param.shape != tensor.shape:
+                raise ValueError(f"hf engine: {name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+            param.copy_(tensor)
+            copied.add(id(param))
+        return {name for name, param in self.model.named_parameters() if id(param) not in copied}
+
+    @torch.no_grad()
+    def generate_rows(self, rows: list[list[int]], max_new_tokens: int, params: SamplingParams):
+        """Left-padded rows → (responses [N, response_length] padded after the stop, response_mask, log-probs or
+        None), by one transformers generate call (seeded with the generation's seed when it has one)."""
+        device, pad = self.ctx.device, self.ctx.pad_token_id
+        width = max(int(self.config.prompt_length), max(len(r) for r in rows))
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r):] = torch.tensor(r)
+            attention_mask[i, width - len(r):] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        kwargs = dict(
-            max_new_tokens=params.max_new_tokens,
-            min_new_tokens=params.min_new_tokens or None,
-            num_return_sequences=params.n,
-            pad_token_id=self.ctx.pad_token_id,
-            eos_token_id=None if params.ignore_eos else params.stop_token_ids,
-            use_cache=True,
-        )
+        kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=params.min_new_tokens or None,
+                      pad_token_id=pad, eos_token_id=None if params.ignore_eos else params.stop_token_ids,
+                      use_cache=True)
         if params.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
             kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p,
                           top_k=params.top_k if params.top_k > 0 else 0)
-        out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        generated = out[:, input_ids.shape[1]:]
+        generated = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)[:, width:]
         length = self.config.response_length
         if generated.shape[1] < length:
-            pad = torch.full((generated.shape[0], length - generated.shape[1]), self.ctx.pad_token_id,
-                             dtype=generated.dtype, device=device)
-            generated = torch.cat([generated, pad], dim=1)
-        generated = generated[:, :length]
+            fill = torch.full((generated.shape[0], length - generated.shape[1]), pad, dtype=generated.dtype,
+                              device=device)
+            generated = torch.cat([generated, fill], dim=1)
         stop_ids = [] if params.ignore_eos else params.stop_token_ids
-        responses, response_mask = mask_after_stop(generated, stop_ids, self.ctx.pad_token_id)
+        responses, response_mask = mask_after_stop(generated[:, :length], stop_ids, pad)
         log_probs = None
         if self.config.calculate_log_probs:
             log_probs = self._log_probs(input_ids, attention_mask, responses, response_mask, params)
-        return build_rollout_batch(prompts, responses.cpu(), response_mask.cpu(),
-                                   None if log_probs is None else log_probs.cpu(), params.n)
+        return responses.cpu(), response_mask.cpu(), None if log_probs is None else log_probs.cpu()
 
     def _log_probs(self, input_ids, attention_mask, responses, response_mask, params) -> torch.Tensor:
         """log softmax(logits / T) of the sampled tokens, by one forward over prompt + response (chunked)."""
-        n = params.n
-        prompt_ids = input_ids.repeat_interleave(n, dim=0)
-        prompt_mask = attention_mask.repeat_interleave(n, dim=0)
-        ids = torch.cat([prompt_ids, responses], dim=1)
-        mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+        ids = torch.cat([input_ids, responses], dim=1)
+        mask = torch.cat([attention_mask, response_mask.to(attention_mask.dtype)], dim=1)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         hidden = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                                           use_cache=False).last_hidden_state
@@ -90,24 +111,35 @@ class HFEngine(RolloutEngine):
         log_probs, _ = chunked_log_probs(hidden[:, -r - 1:-1], weight, responses, temperature)
         return log_probs
 
-    def sleep(self) -> None:
-        if self.ctx.device.type == "cuda":
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
-        self._awake = False
 
-    def wake_up(self, tags=("weights", "kv_cache")) -> None:
-        if "weights" in tags:
-            self.model.to(self.ctx.device)
-            self._awake = True
+class HFStream(RequestStream):
+    """A step generates every waiting request (those of one budget together, in the order they came) to the end."""
 
-    @torch.no_grad()
-    def update_weights(self, named_tensors) -> None:
-        for name, tensor in named_tensors:
-            name = hf_param_name(name)
-            param = self._params.get(name)
-            if param is None:
-                raise KeyError(f"hf engine: no parameter named {name!r} in {type(self.model).__name__}")
-            if param.shape != tensor.shape:
-                raise ValueError(f"hf engine: {name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
-            param.copy_(tensor)
+    def __init__(self, engine: HFEngine, params: SamplingParams, limits: StreamLimits):
+        super().__init__(params, limits, want_log_probs=bool(engine.config.calculate_log_probs))
+        self.engine = engine
+        self.waiting: list[tuple[str, list[int], int]] = []
+
+    def _submit(self, key, prompt_ids, max_new_tokens, seed, follows) -> None:
+        self.waiting.append((key, prompt_ids, max_new_tokens))
+
+    def _step(self) -> list[Finished]:
+        if not self.waiting:
+            return []
+        budget = self.waiting[0][2]
+        batch = [w for w in self.waiting if w[2] == budget]
+        self.waiting = [w for w in self.waiting if w[2] != budget]
+        responses, mask, log_probs = self.engine.generate_rows([ids for _, ids, _ in batch], budget, self.params)
+        lengths = mask.sum(-1).tolist()
+        stop_ids = set() if self.params.ignore_eos else set(self.params.stop_token_ids)
+        out = []
+        for i, (key, _, _) in enumerate(batch):
+            tokens = responses[i, : lengths[i]].tolist()
+            lps = log_probs[i, : lengths[i]].tolist() if log_probs is not None else None
+            out.append(Finished(key, tokens, lps, STOP if tokens and tokens[-1] in stop_ids else LENGTH))
+        return out
+
+    def _cancel(self, keys: set[str]) -> list[Finished]:
+        cancelled = [w[0] for w in self.waiting if w[0] in keys]
+        self.waiting = [w for w in self.waiting if w[0] not in keys]
+        return [Finished(key, [], [] if self.want_log_probs else None, ABORT) for key in cancelled]

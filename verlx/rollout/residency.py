@@ -1,4 +1,5 @@
-"""What of an engine is on the GPU, and whether its weights are the trainer's: the sleep/wake state machine.
+"""What of an engine is on the GPU, whether its weights are complete, and which policy version they are: the one
+record of an engine's state (RolloutEngine keeps it; nothing else does).
 
 The cycle every step: release all → train → resume weights → push weights → flush cache → resume KV cache →
 generate. Engines that discard weights on release (vLLM sleep level 2, SGLang without CPU backup) or start from
@@ -24,6 +25,8 @@ class EngineResidency:
         self.resident: set[str] = {WEIGHTS, KV_CACHE}
         self.weights_current = weights_current
         self.weights_survive_release = weights_survive_release
+        #: the policy version of the weights (None: the engine's own, from disk or random, or a partial push)
+        self.weights_version: int | None = None
 
     @property
     def asleep(self) -> bool:
@@ -33,6 +36,7 @@ class EngineResidency:
         self.resident.clear()
         if not self.weights_survive_release:
             self.weights_current = False
+            self.weights_version = None
 
     def to_resume(self, tags) -> list[str]:
         """The released tags among `tags`, in wake order; unknown tags are refused."""
@@ -51,18 +55,24 @@ class EngineResidency:
                 f"{self.engine}: update_weights while the weights are released; call wake_up(['weights']) first"
             )
 
-    def mark_pushed(self, complete: bool) -> None:
-        """A push finished; `complete` says whether it covered every parameter."""
+    def mark_pushed(self, complete: bool, version: int | None = None) -> None:
+        """A push finished; `complete` says whether it covered every parameter, `version` which policy it was."""
         if complete:
             self.weights_current = True
+        self.weights_version = version if complete else None
+
+    def holds(self, version: int) -> bool:
+        """Whether the engine's weights are this policy version, complete."""
+        return self.weights_current and self.weights_version == version
 
     def require_ready_to_generate(self) -> None:
         missing = [t for t in WAKE_ORDER if t not in self.resident]
         if missing:
-            raise EngineStateError(f"{self.engine}: generate while {missing} are released; call wake_up first")
+            raise EngineStateError(f"{self.engine}: generate while {missing} are released (the engine is asleep); "
+                                   "call wake_up first")
         if not self.weights_current:
             raise EngineStateError(
                 f"{self.engine}: generate before a complete weight push; the engine's weights are random "
-                f"(load_format=dummy) or were discarded while asleep (sleep_level=2), so call update_weights with "
+                f"(load_format=dummy) or were discarded by sleep (sleep_level=2), so call update_weights with "
                 f"every parameter first"
             )

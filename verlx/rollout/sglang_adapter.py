@@ -1,4 +1,4 @@
-"""SGLang's side of the rollout contract, as pure functions: Engine arguments, sampling parameters, output parsing.
+"""SGLang's side of the rollout contract, as pure functions: Engine arguments, sampling parameters, reading outputs.
 
 Kept apart from the engine class so every mapping is checked on machines without SGLang. Facts follow the
 documented sglang 0.5.9–0.5.23 in-process API (docs/rollout.md lists them).
@@ -17,7 +17,7 @@ from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.engine_layout import EngineLayout
 from verlx.rollout.engine_versions import at_least
 from verlx.rollout.kernel_backends import KernelInventory, sglang_backends
-from verlx.rollout.token_io import EngineGenerationError, GenerationResult, require_finished
+from verlx.rollout.token_io import EngineGenerationError
 from verlx.utils.registry import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ MANAGED_SERVER_ARGS = frozenset(
         "nnodes",
         "node_rank",
         "dist_init_addr",
+        "host",
         "port",
         "nccl_port",
     }
@@ -196,22 +197,33 @@ def _finish_reason(meta: dict) -> tuple[str, str]:
     return str(reason), ""
 
 
-def parse_sglang_outputs(outputs: list[dict] | dict, n_samples: int, want_log_probs: bool) -> GenerationResult:
-    """Engine.generate outputs (grouped per prompt when n > 1) → GenerationResult; an aborted sample raises.
+@dataclass
+class SGLangOutput:
+    """One sample of an Engine.generate / async_generate result."""
 
-    Each output: {"output_ids": [...], "meta_info": {"finish_reason": {"type": ...}, "output_token_logprobs":
-    [(logprob, token_id, text|None), ...]}}; the log-prob entries must name the same tokens as output_ids.
+    token_ids: list[int]
+    log_probs: list[float] | None
+    finish_reason: str  # stop | length | abort
+    detail: str  # the engine's message (why it aborted)
+
+
+def parse_sglang_outputs(outputs: list[dict] | dict, n_samples: int, want_log_probs: bool) -> list[SGLangOutput]:
+    """A generate result (a dict for one sample, a list grouped per prompt when n > 1) → its samples.
+
+    Each output: {"output_ids": [...], "meta_info": {"finish_reason": {"type": ..., "message": ...},
+    "output_token_logprobs": [(logprob, token_id, text|None), ...]}}; the log-prob entries must name the same tokens
+    as output_ids. An aborted request (cancelled, or refused by the engine) keeps the tokens it had.
     """
     if isinstance(outputs, dict):
         outputs = [outputs]
     if len(outputs) != n_samples:
         raise EngineGenerationError(f"sglang returned {len(outputs)} outputs for {n_samples} requested samples")
-    token_ids, log_probs, reasons = [], [] if want_log_probs else None, []
+    parsed = []
     for i, out in enumerate(outputs):
         meta = out["meta_info"]
         reason, message = _finish_reason(meta)
-        require_finished("sglang", i, reason, message)
         ids = [int(t) for t in out["output_ids"]]
+        log_probs = None
         if want_log_probs:
             entries = meta.get("output_token_logprobs")
             if entries is None:
@@ -221,7 +233,6 @@ def parse_sglang_outputs(outputs: list[dict] | dict, n_samples: int, want_log_pr
                     f"sglang output {i}: output_token_logprobs name tokens {[e[1] for e in entries][:8]}... but "
                     f"output_ids are {ids[:8]}..."
                 )
-            log_probs.append([float(e[0]) for e in entries])
-        token_ids.append(ids)
-        reasons.append(reason)
-    return GenerationResult(token_ids, log_probs, reasons)
+            log_probs = [float(e[0]) for e in entries]
+        parsed.append(SGLangOutput(ids, log_probs, reason, message))
+    return parsed

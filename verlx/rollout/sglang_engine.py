@@ -1,24 +1,28 @@
 """`rollout.name=sglang`: an in-process SGLang Engine per tensor-parallel group of the worker mesh.
 
 Per group, the first rank on each node builds a `sglang.Engine` whose scheduler processes sit on the group's GPUs
-of that node; tp_rank 0 (the leader) drives it: generate, release/resume memory, weight updates. Every rank of a
-group receives the same prompts (the worker's dispatch info says so); the leader generates and hands the result
-to its peers, so every rank returns the same batch. Weights travel by CUDA IPC: each rank serialises a handle to
-its own full copy of a tensor, the leader gathers the handles and SGLang's TP rank i opens handle i on its GPU.
-sglang is imported only inside methods.
+of that node; tp_rank 0 (the leader) drives it: generation, release/resume memory, weight updates. Every rank of a
+group receives the same prompts (the worker's dispatch info says so); the leader runs the whole generation over its
+request stream (`async_generate` per request on the engine's event loop) and hands the result to its peers, so every
+rank returns the same batch. Weights travel by CUDA IPC: each rank serialises a handle to its own full copy of a
+tensor, the leader gathers the handles and SGLang's TP rank i opens handle i on its GPU. sglang is imported only
+inside methods.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import itertools
+import logging
 import multiprocessing as mp
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
-from verlx.protocol import DataProto
-from verlx.rollout.base import RolloutContext
+from verlx.rollout.base import RolloutContext, SamplingParams, T
 from verlx.rollout.engine_layout import engine_visible_devices
 from verlx.rollout.external import ExternalEngine
 from verlx.rollout.kernel_backends import inventory as kernel_inventory
@@ -31,7 +35,7 @@ from verlx.rollout.sglang_adapter import (
     server_arg_names,
     sglang_sampling_params,
 )
-from verlx.rollout.token_io import prompt_token_lists, require_full_length, rollout_batch_from_result
+from verlx.rollout.stream import ABORT, Finished, RequestStream, StreamLimits
 from verlx.rollout.tp_group import TensorParallelGroup
 from verlx.rollout.weight_sync import (
     bucket_bytes_of,
@@ -43,7 +47,10 @@ from verlx.rollout.weight_sync import (
 from verlx.utils.environ import scoped_environ
 from verlx.utils.memory import ALLOC_CONF_ENV, alloc_conf_without_expandable_segments, set_expandable_segments
 
+logger = logging.getLogger(__name__)
 ENGINE = "sglang"
+#: how long a step waits for a request to finish before it returns (an interruption is seen within this)
+STEP_WAIT_S = 0.05
 #: variables sglang.Engine() writes into the caller's environment; put back so the trainer keeps its own
 _ENGINE_WRITES_ENV = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS")
 
@@ -80,7 +87,10 @@ def _local_serialized_tensor_class() -> type:
 
 
 class SGLangRolloutEngine(ExternalEngine):
+    name = "sglang"
     requires_package = "sglang"
+    supports_partial_rollout = True
+    supports_server = True  # rollout.server.enable: SGLang's HTTP server per replica (sglang_server.py)
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
@@ -93,8 +103,9 @@ class SGLangRolloutEngine(ExternalEngine):
         # Level 1 keeps a CPU copy of the weights across release; level 2 (or a release without the option)
         # discards them, and the next generate needs a complete push.
         cpu_backup = self.config.sleep_level == 1 and "enable_weights_cpu_backup" in field_names
-        self.residency = self._new_residency(weights_survive_release=cpu_backup)
+        self.residency.weights_survive_release = cpu_backup
         self._engine = None
+        self._streams = itertools.count()
         self._start(field_names, cpu_backup)
         self._kv_stage_tags = self.tp.run_on_leader(self._non_weight_tags)
         self._session_open = False
@@ -129,12 +140,15 @@ class SGLangRolloutEngine(ExternalEngine):
             raise RuntimeError(f"sglang engine start failed on a tensor-parallel peer: {failures}")
 
     def _launch(self, visible_devices: str | None):
-        """sglang.Engine() with the environment its spawned processes need; the trainer's own is put back."""
+        """sglang.Engine() with the environment its spawned processes need (the trainer's own is put back), or in
+        server mode SGLang's HTTP server in a process of its own with that environment."""
         env: dict[str, str | None] = {**self.features.construction_env(), **graph_memory_env(self.server_args)}
         env["NCCL_NVLS_ENABLE"] = os.environ.get("NCCL_NVLS_ENABLE", "0")
         env[ALLOC_CONF_ENV] = alloc_conf_without_expandable_segments(os.environ.get(ALLOC_CONF_ENV))
         if visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices
+        if self.config.server.enable:
+            return self._launch_server(env)
         start_method = mp.get_start_method(allow_none=True)
         set_expandable_segments(False)
         try:
@@ -144,6 +158,25 @@ class SGLangRolloutEngine(ExternalEngine):
                 return sglang.Engine(**self.server_args)
         finally:
             mp.set_start_method(start_method, force=True)
+
+    def _launch_server(self, env: dict[str, str | None]):
+        from verlx.rollout.sglang_server import launch_sglang_server
+
+        server = self.config.server
+        replica_on_node = self.layout.node_peer_ranks[0] % self.layout.n_gpus_per_node // self.layout.tp_size
+        port = self.layout.port if server.port is None else int(server.port) + replica_on_node
+        self.server_args = {**self.server_args, "host": server.host, "port": port}
+        child_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+        client = launch_sglang_server(self.server_args, child_env, float(server.startup_timeout_s), self.ctx.rank,
+                                      self.layout.tp_size)
+        logger.info("rollout rank %d: sglang server at %s (log %s)", self.ctx.rank, client.url, client.log_path)
+        return client
+
+    @property
+    def server_url(self) -> str | None:
+        """Where this replica's server answers (server mode, on the rank that started it), for an agent framework
+        that sends its own requests during the rollout."""
+        return self._engine.url if self.config.server.enable and self._engine is not None else None
 
     @staticmethod
     def _non_weight_tags() -> list[str]:
@@ -158,51 +191,34 @@ class SGLangRolloutEngine(ExternalEngine):
             self._engine = None
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: DataProto) -> DataProto:
-        params = self._sampling_for(prompts)
-        cfg = self.config
-        want_log_probs = bool(cfg.calculate_log_probs)
+    def drive(self, generation: Callable[[], T]) -> T:
+        """The whole generation on the tensor-parallel leader, which holds the engine; its result on every peer."""
+        return self.tp.run_on_leader(generation)
 
-        def run():
-            outputs = self._engine.generate(
-                input_ids=prompt_token_lists(prompts),
-                sampling_params=sglang_sampling_params(params),
-                return_logprob=want_log_probs,
-            )
-            parsed = parse_sglang_outputs(outputs, len(prompts) * params.n, want_log_probs)
-            require_full_length("sglang", parsed, params.max_new_tokens)
-            return parsed
-
-        result = self.tp.run_on_leader(run)
-        return rollout_batch_from_result(prompts, result, params.n, cfg.response_length, self.ctx.pad_token_id)
+    def _open_stream(self, params: SamplingParams, partial: bool) -> SGLangStream:
+        """An aborted request always comes back with its tokens (`partial` changes nothing)."""
+        return SGLangStream(self._engine, params, self.stream_limits(), bool(self.config.calculate_log_probs),
+                            f"verlx-{next(self._streams)}-")
 
     # ------------------------------------------------------------------ memory
-    def sleep(self) -> None:
+    def _release(self) -> None:
         """Release weights, KV cache and CUDA graphs (all tags), then give training expandable segments back."""
-        if not self.config.free_cache_engine or self.residency.asleep:
-            return
         self.tp.run_on_leader(lambda: self._engine.release_memory_occupation(tags=None))
-        self.residency.mark_released()
         set_expandable_segments(True)
 
-    def wake_up(self, tags: Iterable[str] = ("weights", "kv_cache")) -> None:
-        """Resume in order: weights, then KV cache together with the CUDA graphs."""
-        if not self.config.free_cache_engine:
-            return
+    def _resume(self, tag: str) -> None:
+        """Weights alone; the KV cache together with the CUDA graphs."""
         set_expandable_segments(False)
-        for tag in self.residency.to_resume(tags):
-            engine_tags = [WEIGHTS] if tag == WEIGHTS else self._kv_stage_tags
-            self.tp.run_on_leader(lambda tags=engine_tags: self._engine.resume_memory_occupation(tags=tags))
-            self.residency.mark_resumed([tag])
+        engine_tags = [WEIGHTS] if tag == WEIGHTS else self._kv_stage_tags
+        self.tp.run_on_leader(lambda: self._engine.resume_memory_occupation(tags=engine_tags))
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Push HF-named tensors bucket by bucket inside one update session, then flush the radix cache.
 
         Every rank of the group calls this with the same parameters in the same order (full_tensor() of sharded
         parameters is collective); a bucket the engine rejects raises WeightSyncError on every rank.
         """
-        self.residency.require_weights_resident()
         set_expandable_segments(False)  # CUDA IPC cannot share tensors that live in expandable segments
         weights = iter_engine_weights(
             named_tensors, engine_dtype(self.config.dtype), self.tie_word_embeddings, device=self.ctx.device
@@ -216,7 +232,7 @@ class SGLangRolloutEngine(ExternalEngine):
         finally:
             self._end_session()
         self._checked_call("flush_cache")
-        self._finish_push(pushed)
+        return self._unset(pushed)
 
     def _checked_call(self, method: str) -> None:
         """Call an engine method on the leader; every rank raises unless it reports success (or returns nothing)."""
@@ -270,3 +286,78 @@ class SGLangRolloutEngine(ExternalEngine):
             (name, LocalSerializedTensor(values=[rank_handles[i][1] for rank_handles in handles]))
             for i, name in enumerate(names)
         ]
+
+
+class SGLangStream(RequestStream):
+    """Engine.async_generate per request, a task on the engine's own event loop (its tokenizer manager is bound to
+    it; the scheduler processes generate whatever this process does). A step runs the loop until a request finished
+    (or STEP_WAIT_S passed); from a coroutine on that loop it awaits one instead. A prompt's samples go as one
+    request with n (SGLang prefills the prompt once for all of them; such a group is cancelled whole). Requests are
+    sent at the next step; cancelling one not sent yet drops it here, the others go through
+    TokenizerManager.abort_request: one abort_all when every request still running is cancelled (as veRL did), else
+    one per request id, and an aborted request comes back with the tokens it had."""
+
+    def __init__(self, engine, params: SamplingParams, limits: StreamLimits, want_log_probs: bool, prefix: str):
+        super().__init__(params, limits, want_log_probs)
+        self.engine, self.loop, self.prefix = engine, engine.loop, prefix
+        self._unsent: list[tuple[list[str], list[int], dict]] = []  # submitted, sent to the engine at the next step
+        self._tasks: dict[asyncio.Task, list[str]] = {}
+        self._aborting: set[str] = set()
+
+    def _submit(self, key, prompt_ids, max_new_tokens, seed, follows) -> None:
+        self._queue([key], prompt_ids, max_new_tokens)
+
+    def _submit_samples(self, keys, prompt_ids, max_new_tokens, seeds) -> None:
+        self._queue(keys, prompt_ids, max_new_tokens)
+
+    def _queue(self, keys: list[str], prompt_ids: list[int], max_new_tokens: int) -> None:
+        params = dataclasses.replace(self.params, n=len(keys), max_new_tokens=max_new_tokens)
+        self._unsent.append((keys, prompt_ids, sglang_sampling_params(params)))
+
+    def _send(self) -> None:
+        for keys, prompt_ids, sampling in self._unsent:
+            rids = [self.prefix + key for key in keys]
+            request = self.engine.async_generate(input_ids=prompt_ids, sampling_params=sampling,
+                                                 return_logprob=self.want_log_probs,
+                                                 rid=rids if len(rids) > 1 else rids[0])
+            self._tasks[self.loop.create_task(request)] = keys
+        self._unsent = []
+
+    def _step(self) -> list[Finished]:
+        self._send()
+        if self._tasks and not self.loop.is_running():
+            self.loop.run_until_complete(asyncio.wait(list(self._tasks), timeout=STEP_WAIT_S,
+                                                      return_when=asyncio.FIRST_COMPLETED))
+        return self._collect()
+
+    async def _progress(self) -> None:
+        self._send()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=STEP_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+
+    def _collect(self) -> list[Finished]:
+        out = []
+        for task in [t for t in self._tasks if t.done()]:
+            keys = self._tasks.pop(task)
+            self._aborting.difference_update(keys)
+            for key, sample in zip(keys, parse_sglang_outputs(task.result(), len(keys), self.want_log_probs)):
+                out.append(Finished(key, sample.token_ids, sample.log_probs, sample.finish_reason, sample.detail))
+        return out
+
+    def _cancel(self, keys: set[str]) -> list[Finished]:
+        unsent = [request for request in self._unsent if keys & set(request[0])]
+        self._unsent = [request for request in self._unsent if not keys & set(request[0])]
+        dropped = [Finished(key, [], [] if self.want_log_probs else None, ABORT) for group, _, _ in unsent
+                   for key in group]
+        running = {k for task, ks in self._tasks.items() if not task.done() for k in ks} - self._aborting
+        targets = keys & running
+        if not targets:
+            return dropped
+        manager = self.engine.tokenizer_manager
+        if targets == running:
+            manager.abort_request(abort_all=True)
+        else:
+            for key in sorted(targets):
+                manager.abort_request(rid=self.prefix + key)
+        self._aborting |= targets
+        return dropped

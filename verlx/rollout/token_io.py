@@ -56,8 +56,8 @@ def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
     if bad.numel():
         row = int(bad[0])
         raise ValueError(
-            f"prompt row {row} is not a non-empty left-padded sequence (attention_mask "
-            f"{mask[row].int().tolist()}); engines expect prompts padded on the left"
+            f"prompt row {row}: attention_mask is not left-padded or has no token ({mask[row].int().tolist()}); "
+            "engines take a non-empty sequence padded on the left"
         )
     rows, lens = input_ids.tolist(), lengths.tolist()
     return [row[len(row) - n :] for row, n in zip(rows, lens)]

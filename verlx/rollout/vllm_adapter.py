@@ -1,5 +1,5 @@
-"""vLLM's side of the rollout contract, as pure functions: LLM arguments, sampling parameters, output parsing,
-and the check that model.load_weights took what was sent.
+"""vLLM's side of the rollout contract, as pure functions: LLM arguments, sampling parameters, reading a request's
+output, and the check that model.load_weights took what was sent.
 
 Kept apart from the engine class so every mapping is checked on machines without vLLM. Facts follow the
 documented vllm 0.11–0.33 in-process API (docs/rollout.md lists them).
@@ -14,7 +14,7 @@ from typing import Any
 from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.engine_layout import EngineLayout
 from verlx.rollout.kernel_backends import KernelInventory, vllm_backends
-from verlx.rollout.token_io import EngineGenerationError, GenerationResult, require_finished
+from verlx.rollout.token_io import EngineGenerationError
 from verlx.utils.registry import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -117,33 +117,26 @@ def vllm_sampling_kwargs(params: SamplingParams, want_log_probs: bool) -> dict[s
     return kwargs
 
 
-def parse_vllm_outputs(request_outputs: list, n: int, want_log_probs: bool) -> GenerationResult:
-    """RequestOutputs (input order) → GenerationResult ordered [p0s0..p0s(n-1), p1s0, ...].
+def completion_tokens(completion, want_log_probs: bool, request: str) -> tuple[list[int], list[float] | None]:
+    """A CompletionOutput's token ids and, when asked for, the log-prob of each sampled token (`logprobs` holds per
+    position a mapping token_id → Logprob(logprob, rank, decoded_token)); the ids and log-probs it covers are the
+    request's new ones under RequestOutputKind.DELTA, all of them under FINAL_ONLY."""
+    ids = [int(t) for t in completion.token_ids]
+    if not want_log_probs:
+        return ids, None
+    positions = completion.logprobs
+    if positions is None or len(positions) != len(ids):
+        got = "none" if positions is None else len(positions)
+        raise EngineGenerationError(f"vllm request {request}: {len(ids)} tokens but {got} log-prob entries")
+    try:
+        return ids, [float(pos[t].logprob) for pos, t in zip(positions, ids)]
+    except KeyError as e:
+        raise EngineGenerationError(f"vllm request {request}: no log-prob for sampled token {e}") from None
 
-    Each RequestOutput has `outputs`: n CompletionOutputs with index, token_ids, finish_reason, stop_reason and
-    logprobs (per position a mapping token_id → Logprob(logprob, rank, decoded_token)).
-    """
-    token_ids, log_probs, reasons = [], [] if want_log_probs else None, []
-    for p, request in enumerate(request_outputs):
-        completions = sorted(request.outputs, key=lambda c: c.index)
-        if len(completions) != n:
-            raise EngineGenerationError(f"vllm returned {len(completions)} completions for prompt {p}, expected n={n}")
-        for completion in completions:
-            sample = len(token_ids)
-            require_finished("vllm", sample, str(completion.finish_reason), str(completion.stop_reason or ""))
-            ids = [int(t) for t in completion.token_ids]
-            if want_log_probs:
-                positions = completion.logprobs
-                if positions is None or len(positions) != len(ids):
-                    got = "none" if positions is None else len(positions)
-                    raise EngineGenerationError(f"vllm sample {sample}: {len(ids)} tokens but {got} log-prob entries")
-                try:
-                    log_probs.append([float(pos[t].logprob) for pos, t in zip(positions, ids)])
-                except KeyError as e:
-                    raise EngineGenerationError(f"vllm sample {sample}: no log-prob for sampled token {e}") from None
-            token_ids.append(ids)
-            reasons.append(str(completion.finish_reason))
-    return GenerationResult(token_ids, log_probs, reasons)
+
+def finish_of(completion) -> tuple[str, str]:
+    """(finish reason: stop | length | abort, the engine's stop_reason when it aborted)."""
+    return str(completion.finish_reason), str(completion.stop_reason or "")
 
 
 def unloaded_names(sent: list[str], loaded: set[str], packed_modules_mapping: dict[str, list[str]]) -> list[str]:

@@ -4,25 +4,32 @@ With distributed_executor_backend="external_launcher" every worker process runs 
 already initialised torch.distributed world and groups consecutive blocks of tensor_parallel_size ranks into
 independent replicas. TP peers receive identical prompts (the worker's dispatch info says so), submit them in the
 same order with the same seed, and all return the same batch. Weights are loaded in place with the model's own
-load_weights (which slices by TP rank and fuses q/k/v and gate/up), so CUDA graphs stay valid. vllm is imported
-only inside methods, after VLLM_ENABLE_V1_MULTIPROCESSING=0 is set so the engine core runs in this process.
+load_weights (which slices by TP rank and fuses q/k/v and gate/up), so CUDA graphs stay valid. The request stream
+is LLMEngine's add_request / step / abort_request. vllm is imported only inside methods, after
+VLLM_ENABLE_V1_MULTIPROCESSING=0 is set so the engine core runs in this process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Iterable
 
 import torch
 
-from verlx.protocol import DataProto
-from verlx.rollout.base import RolloutContext
+from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.external import ExternalEngine
 from verlx.rollout.kernel_backends import inventory as kernel_inventory
-from verlx.rollout.residency import KV_CACHE, EngineStateError
-from verlx.rollout.token_io import prompt_token_lists, require_full_length, rollout_batch_from_result
-from verlx.rollout.vllm_adapter import build_llm_args, parse_vllm_outputs, unloaded_names, vllm_sampling_kwargs
+from verlx.rollout.residency import KV_CACHE, WAKE_ORDER, EngineStateError
+from verlx.rollout.stream import ABORT, Finished, RequestStream, StreamLimits
+from verlx.rollout.vllm_adapter import (
+    build_llm_args,
+    completion_tokens,
+    finish_of,
+    unloaded_names,
+    vllm_sampling_kwargs,
+)
 from verlx.rollout.weight_sync import WeightSyncError, bucket_bytes_of, engine_dtype, iter_buckets, iter_engine_weights
 from verlx.utils.environ import scoped_environ
 from verlx.utils.memory import ALLOC_CONF_ENV, alloc_conf_without_expandable_segments, set_expandable_segments
@@ -32,7 +39,10 @@ MODEL_RUNNER_PATH = "llm_engine.model_executor.driver_worker.worker.model_runner
 
 
 class VLLMRolloutEngine(ExternalEngine):
+    name = "vllm"
     requires_package = "vllm"
+    supports_partial_rollout = True
+    tensor_parallel_in_lockstep = True
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
@@ -42,8 +52,8 @@ class VLLMRolloutEngine(ExternalEngine):
         model = self._model()
         self._param_names = frozenset(name for name, _ in model.named_parameters())
         self._packed = dict(getattr(model, "packed_modules_mapping", None) or {})
-        # Level 1 keeps weights in pinned CPU memory while asleep; level 2 discards them.
-        self.residency = self._new_residency(weights_survive_release=self.config.sleep_level == 1)
+        self._streams = itertools.count()
+        self._fully_awake: bool | None = None
 
     def _launch(self):
         """vllm.LLM(); collective across the world (every rank builds its replica's share at the same time)."""
@@ -78,45 +88,31 @@ class VLLMRolloutEngine(ExternalEngine):
         self._llm = None
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: DataProto) -> DataProto:
-        params = self._sampling_for(prompts)
-        cfg = self.config
-        want_log_probs = bool(cfg.calculate_log_probs)
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_lists(prompts)]
-        sampling = SamplingParams(**vllm_sampling_kwargs(params, want_log_probs))
-        outputs = self._llm.generate(requests, sampling_params=sampling, use_tqdm=False)
-        result = parse_vllm_outputs(outputs, params.n, want_log_probs)
-        require_full_length("vllm", result, params.max_new_tokens)
-        return rollout_batch_from_result(prompts, result, params.n, cfg.response_length, self.ctx.pad_token_id)
+    def _open_stream(self, params: SamplingParams, partial: bool) -> VLLMStream:
+        return VLLMStream(self._llm.llm_engine, params, self.stream_limits(), bool(self.config.calculate_log_probs),
+                          partial, f"{next(self._streams)}-")
 
     # ------------------------------------------------------------------ memory
-    def sleep(self) -> None:
+    def _release(self) -> None:
         """Sleep at rollout.sleep_level (1: weights to pinned CPU; 2: weights discarded), KV cache discarded."""
-        if not self.config.free_cache_engine or self.residency.asleep:
-            return
         self._llm.sleep(level=self.config.sleep_level)
-        self.residency.mark_released()
         set_expandable_segments(True)
 
-    def wake_up(self, tags: Iterable[str] = ("weights", "kv_cache")) -> None:
-        """Wake weights before the push and the KV cache after it; once both are back vLLM must say it is awake."""
-        if not self.config.free_cache_engine:
-            return
+    def _resume(self, tag: str) -> None:
         set_expandable_segments(False)
-        for tag in self.residency.to_resume(tags):
-            fully_awake = self._llm.wake_up(tags=[tag])
-            self.residency.mark_resumed([tag])
-            if not self.residency.to_resume(("weights", "kv_cache")) and fully_awake is False:
-                raise EngineStateError("vllm reports it is still asleep after waking weights and kv_cache")
+        self._fully_awake = self._llm.wake_up(tags=[tag])
+
+    def wake_up(self, tags: Iterable[str] = WAKE_ORDER) -> None:
+        """Once both the weights and the KV cache are back, vLLM must say it is awake (releases from 0.27 do)."""
+        self._fully_awake = None
+        super().wake_up(tags)
+        if self._fully_awake is False and not self.residency.to_resume(WAKE_ORDER):
+            raise EngineStateError("vllm reports it is still asleep after waking weights and kv_cache")
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors bucket by bucket with the model's load_weights, checking each bucket's names came
         back as loaded; a push that covers every parameter makes discarded (level 2) weights usable again."""
-        self.residency.require_weights_resident()
         set_expandable_segments(False)
         model = self._model()
         weights = iter_engine_weights(
@@ -148,4 +144,59 @@ class VLLMRolloutEngine(ExternalEngine):
             raise WeightSyncError(ENGINE, ["<reset_prefix_cache>"], "vLLM refused to reset the prefix cache")
         # complete: every checkpoint tensor was sent (a fused qkv / gate_up counts as loaded after one shard) and
         # every vLLM parameter was loaded
-        self._finish_push(pushed, self._param_names - loaded_total)
+        return self._unset(pushed) | (self._param_names - loaded_total)
+
+
+class VLLMStream(RequestStream):
+    """LLMEngine.add_request per request (n=1, the stream's sampling settings and the request's budget), step() per
+    round (vLLM batches continuously), abort_request to cancel. Outputs come once per request (FINAL_ONLY), or, when
+    a cancelled request must return its tokens (partial rollout), as the new tokens of every step (DELTA)."""
+
+    def __init__(self, llm_engine, params: SamplingParams, limits: StreamLimits, want_log_probs: bool, partial: bool,
+                 prefix: str):
+        super().__init__(params, limits, want_log_probs)
+        from vllm.sampling_params import RequestOutputKind
+
+        self.llm_engine, self.prefix = llm_engine, prefix
+        self.output_kind = RequestOutputKind.DELTA if partial else RequestOutputKind.FINAL_ONLY
+        self.delta = partial
+        self._live: dict[str, tuple[list[int], list[float]]] = {}  # vLLM request id -> tokens, log-probs so far
+
+    def _submit(self, key, prompt_ids, max_new_tokens, seed, follows) -> None:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = dataclasses.replace(self.params, n=1, max_new_tokens=max_new_tokens)
+        sampling = VLLMSamplingParams(**vllm_sampling_kwargs(params, self.want_log_probs))
+        sampling.output_kind = self.output_kind
+        request_id = self.prefix + key
+        self.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_ids), sampling)
+        self._live[request_id] = ([], [])
+
+    def _step(self) -> list[Finished]:
+        done = []
+        for output in self.llm_engine.step():
+            if output.request_id not in self._live:
+                continue  # finished or cancelled already
+            completion = output.outputs[0]
+            ids, lps = completion_tokens(completion, self.want_log_probs, output.request_id)
+            tokens, log_probs = self._live[output.request_id]
+            tokens += ids
+            log_probs += lps or []
+            if getattr(output, "finished", False):
+                del self._live[output.request_id]
+                reason, detail = finish_of(completion)
+                key = output.request_id.removeprefix(self.prefix)
+                done.append(Finished(key, tokens, log_probs if self.want_log_probs else None, reason, detail))
+        return done
+
+    def _cancel(self, keys: set[str]) -> list[Finished]:
+        request_ids = [request_id for request_id in self._live if request_id.removeprefix(self.prefix) in keys]
+        if request_ids:
+            self.llm_engine.abort_request(request_ids)
+        out = []
+        for request_id in request_ids:
+            tokens, log_probs = self._live.pop(request_id)
+            out.append(Finished(request_id.removeprefix(self.prefix), tokens,
+                                log_probs if self.want_log_probs else None, ABORT))
+        return out

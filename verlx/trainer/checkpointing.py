@@ -100,11 +100,13 @@ def newest_intact(root: str) -> str | None:
     return None
 
 
-def resolve_resume_path(trainer_cfg) -> str | None:
-    """The checkpoint to resume from, verified, or None; an explicit path that is missing or damaged is an error."""
-    if trainer_cfg.resume_mode == "disable":
+def resolve_resume_path(trainer_cfg, mode: str | None = None) -> str | None:
+    """The checkpoint to resume from, verified, or None; an explicit path that is missing or damaged is an error.
+    `mode` overrides trainer.resume_mode."""
+    mode = mode or trainer_cfg.resume_mode
+    if mode == "disable":
         return None
-    if trainer_cfg.resume_mode == "auto":
+    if mode == "auto":
         return newest_intact(expand_path(trainer_cfg.default_local_dir, absolute=True))
     path = expand_path(trainer_cfg.resume_from_path, absolute=True)
     problem = checkpoint_damage(path)

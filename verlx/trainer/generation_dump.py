@@ -48,12 +48,12 @@ def generation_records(batch: DataProto, tokenizer, scores: torch.Tensor) -> lis
 def _policy_versions(batch: DataProto) -> list[dict] | None:
     """Per sample: the policy versions that generated it (first and last token; per token after a partial
     rollout), see trainer/rollout_modes/staleness.py."""
-    from verlx.trainer.rollout_modes.staleness import TOKEN_VERSIONS, VERSION, VERSION_LAST
+    from verlx.batch_columns import POLICY_VERSION, POLICY_VERSION_LAST, TOKEN_VERSIONS
 
-    if VERSION not in batch.batch:
+    if POLICY_VERSION not in batch.batch:
         return None
-    first, last = batch.batch[VERSION].tolist(), batch.batch[VERSION_LAST].tolist()
-    out = [{VERSION: f, VERSION_LAST: la} for f, la in zip(first, last)]
+    first, last = batch.batch[POLICY_VERSION].tolist(), batch.batch[POLICY_VERSION_LAST].tolist()
+    out = [{POLICY_VERSION: f, POLICY_VERSION_LAST: la} for f, la in zip(first, last)]
     if TOKEN_VERSIONS in batch.batch:
         mask = batch.batch["response_mask"].bool()
         for record, row, m in zip(out, batch.batch[TOKEN_VERSIONS], mask):

@@ -208,16 +208,13 @@ def run_generation(config: GenerationConfig) -> str:
     """Validate, generate, write; returns the output path."""
     import ray
 
+    from verlx.config.hf_paths import resolve_model_paths
     from verlx.data.parquet import read_parquet_table
     from verlx.rollout.base import resolve_engine_name
-    from verlx.single_controller.ray import (
-        RayClassWithInitArgs,
-        RayResourcePool,
-        RayWorkerGroup,
-    )
+    from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool
     from verlx.trainer.ray_startup import start_ray, use_gpus
-    from verlx.utils.hf_paths import resolve_model_paths
-    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, WorkerRole
+    from verlx.workers.groups import ActorRolloutRefGroup
     from verlx.workers.tokenizer import load_tokenizer
 
     resolve_model_paths([(f"model.{a}", config.model, a) for a in ("path", "tokenizer_path")])
@@ -241,8 +238,8 @@ def run_generation(config: GenerationConfig) -> str:
     pool = RayResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, name_prefix="verlx_generation")
     wg = None
     try:
-        wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=ppo_config, role="rollout"),
-                            name="generation")
+        wg = ActorRolloutRefGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=ppo_config,
+                                                             role=WorkerRole(rollout=True)), name="generation")
         wg.set_timeouts(t.phase_timeout_s)
         wg.init_model()
         responses = generate_all(config, wg, ids, tokenizer)

@@ -1,6 +1,8 @@
 """`python -m verlx.trainer.main_ppo key=value ...`: validate the config, build data and rewards, start Ray, train.
 
-Everything that can be wrong with the input is checked here, before Ray starts or any GPU time is spent.
+Everything that can be wrong with the input is checked here, before Ray starts or any GPU time is spent. `prepare`
+is the one place the driver resolves the config (hub model paths, veRL's keys folded onto verlx's, the engine
+`auto` names, the total training steps); nothing changes it afterwards.
 """
 
 from __future__ import annotations
@@ -27,20 +29,18 @@ from verlx.utils.paths import expand_path
 logger = logging.getLogger("verlx")
 
 
-def check_greedy_baseline(config: PPOConfig) -> None:
-    """REMAX's baseline is a greedy response: the chosen engine must be able to decode greedily."""
-    from verlx.algorithms.advantages import estimator_needs_greedy_baseline
-    from verlx.rollout.base import get_engine_class
+def check_engine_capabilities(config: PPOConfig, resolved_name: str) -> None:
+    """What the run needs of the engine `auto` resolved to (validate checked an engine named in the config)."""
+    from verlx.rollout.capabilities import capability_problems
 
-    name = config.actor_rollout_ref.rollout.name
-    if estimator_needs_greedy_baseline(config.algorithm.adv_estimator) and not get_engine_class(name).supports_greedy:
-        raise ConfigError([f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs greedy decoding for its "
-                           f"baseline, which actor_rollout_ref.rollout.name={name} cannot do; use native or hf"])
+    problems = capability_problems(config, resolved_name)
+    if problems:
+        raise ConfigError(problems)
 
 
 def resolve_hub_models(config: PPOConfig) -> None:
     """Hub ids ("Qwen/Qwen2.5-0.5B-Instruct") in the model paths become local snapshot directories, once, here."""
-    from verlx.utils.hf_paths import resolve_model_paths
+    from verlx.config.hf_paths import resolve_model_paths
 
     sections = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
     if uses_critic_if_known(config):
@@ -68,17 +68,29 @@ def prepare(config: PPOConfig):
     for note in apply_verl_mappings(config):  # veRL keys served by verlx features of other names, said once
         logger.info(note)
     rollout = config.actor_rollout_ref.rollout
-    rollout.name = resolve_engine_name(rollout.name)
-    check_greedy_baseline(config)
+    configured, rollout.name = rollout.name, resolve_engine_name(rollout.name)
+    if configured == "auto":
+        check_engine_capabilities(config, rollout.name)
     check_loggers(config.trainer.loggers)
     model = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
                                "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path"))
     train_loader, val_loader = build_dataloaders(config, tokenizer)
+    config.trainer.total_training_steps = total_training_steps(config, train_loader)
     check_agent_data(config, tokenizer, train_loader, val_loader)
     check_reward_columns(config, train_loader.dataset, val_loader.dataset if val_loader is not None else None)
     reward_fn = build_reward_manager(config, tokenizer)
     return use_gpu, tokenizer, train_loader, val_loader, reward_fn
+
+
+def total_training_steps(config: PPOConfig, train_loader) -> int:
+    """trainer.total_training_steps, or the loader's batches per epoch times trainer.total_epochs when it is null."""
+    t = config.trainer
+    per_epoch = len(train_loader)
+    if per_epoch == 0:
+        raise ConfigError([f"the training set yields no batch of data.train_batch_size={config.data.train_batch_size} "
+                           f"prompts ({len(train_loader.dataset)} rows); lower the batch size or add data"])
+    return per_epoch * t.total_epochs if t.total_training_steps is None else t.total_training_steps
 
 
 def check_agent_data(config: PPOConfig, tokenizer, train_loader, val_loader) -> None:

@@ -43,9 +43,9 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     """Train, save, validate; returns the final metrics (the same on every rank)."""
     import torch.distributed as dist
 
+    from verlx.config.hf_paths import resolve_model_paths
     from verlx.trainer.sft_trainer import SFTTrainer
     from verlx.utils.distributed import init_distributed
-    from verlx.utils.hf_paths import resolve_model_paths
 
     _single_process_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

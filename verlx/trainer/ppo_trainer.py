@@ -14,10 +14,19 @@ import torch
 from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline, uses_critic
 from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
+from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS
 from verlx.config.schema import PPOConfig
+from verlx.metrics.data import compute_data_metrics
+from verlx.metrics.multi_turn import multi_turn_metrics
+from verlx.metrics.throughput import (
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    step_memory_peak,
+    token_counts,
+)
 from verlx.protocol import DataProto
 from verlx.reward.loading import describe_reward_function
-from verlx.rollout.agent.metrics import agent_input_keys, multi_turn_metrics
+from verlx.rollout.agent.inputs import agent_input_keys
 from verlx.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -32,14 +41,7 @@ from verlx.trainer.invariants import (
     check_weights_after_skipped_updates,
     on_policy_tolerance,
 )
-from verlx.trainer.metrics import compute_data_metrics
 from verlx.trainer.old_log_prob import old_log_prob_phase
-from verlx.trainer.perf_metrics import (
-    compute_throughput_metrics,
-    compute_timing_metrics,
-    step_memory_peak,
-    token_counts,
-)
 from verlx.trainer.resume import ResumePoint, plan_resume
 from verlx.trainer.reward_scoring import RewardScorer
 from verlx.trainer.reward_signal import RewardSignalMonitor
@@ -50,18 +52,15 @@ from verlx.utils.paths import expand_path
 from verlx.utils.seqlen_balancing import balance_batch
 from verlx.utils.timer import timed
 from verlx.utils.tracking import Tracking
-from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, WorkerRole
 from verlx.workers.critic_worker import CriticWorker
 from verlx.workers.engine import engine_class
+from verlx.workers.groups import ROLE_GROUPS, ActorRolloutRefGroup, CriticGroup
 from verlx.workers.profile_plan import profile_plan
 from verlx.workers.reward_model_worker import RewardModelWorker
 
 logger = logging.getLogger(__name__)
-GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
-LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 SUMMED_REWARD_METRICS = ("reward/errors", "reward/timeouts")
-WORKER_CLASSES = {"actor_rollout_ref": ActorRolloutRefWorker, "critic": CriticWorker,
-                  "reward_model": RewardModelWorker}
 
 
 class RayPPOTrainer:
@@ -81,8 +80,12 @@ class RayPPOTrainer:
         self.global_step = 0
         self.initial_loader_state = train_loader.state_dict()
         self.hf_config = _load_model_config(config)
-        self.total_steps = self._total_steps()
-        config.trainer.total_training_steps = self.total_steps
+        if config.trainer.total_training_steps is None:
+            raise ValueError("trainer.total_training_steps is unresolved: build the trainer from main_ppo.prepare's "
+                             "config, which resolves it from the data")
+        self.total_steps = config.trainer.total_training_steps
+        #: trainer.resume_mode, until a restart after a worker died resumes from the newest intact checkpoint
+        self.resume_mode = config.trainer.resume_mode
         self.resume_point: ResumePoint | None = None
         self.resume_planned = False
         self.policy_version = 0  # training steps whose update is done: the weights' version (docs/async.md)
@@ -93,16 +96,6 @@ class RayPPOTrainer:
         self.reward_signal = RewardSignalMonitor(
             lambda source: describe_reward_function(config.custom_reward_function, source), config.data.reward_fn_key)
 
-    def _total_steps(self) -> int:
-        t = self.config.trainer
-        per_epoch = len(self.train_loader)
-        if per_epoch == 0:
-            raise ValueError(
-                f"the training set yields no batch of data.train_batch_size={self.config.data.train_batch_size} "
-                f"prompts ({len(self.train_loader.dataset)} rows); lower the batch size or add data"
-            )
-        return per_epoch * t.total_epochs if t.total_training_steps is None else t.total_training_steps
-
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         t = self.config.trainer
@@ -112,7 +105,7 @@ class RayPPOTrainer:
         if self.use_critic:
             engine_class(self.config.critic.strategy, "critic.strategy")
         colocated = self.config.actor_rollout_ref.hybrid_engine
-        role = "_".join(["actor", *(["rollout"] if colocated else []), *(["ref"] if self.use_reference else [])])
+        role = WorkerRole(actor=True, rollout=colocated, ref=self.use_reference)
         roles = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=self.config, role=role)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=self.config)
@@ -120,11 +113,11 @@ class RayPPOTrainer:
             roles["reward_model"] = RayClassWithInitArgs(RewardModelWorker, config=self.config)
         self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
         logger.info("trainer workers (%s): %s", "+".join(roles), self.worker_group.placement())
-        views = self.worker_group.spawn({role: WORKER_CLASSES[role] for role in roles})
+        views = self.worker_group.spawn({name: ROLE_GROUPS[name] for name in roles})
         for view in views.values():
             view.set_timeouts(t.phase_timeout_s, **t.phase_timeouts)
-        self.actor_rollout_wg = views["actor_rollout_ref"]
-        self.critic_wg = views.get("critic")
+        self.actor_rollout_wg: ActorRolloutRefGroup = views["actor_rollout_ref"]
+        self.critic_wg: CriticGroup | None = views.get("critic")
         if self.critic_wg is not None:
             log_worker_settings("critic", self.critic_wg.init_model())
         if "reward_model" in views:  # its scores come before the reward manager's (trainer/reward_scoring.py)
@@ -152,7 +145,7 @@ class RayPPOTrainer:
     def prepare_restart(self) -> None:
         """After a worker died: new workers, resume from the latest complete checkpoint (or from the start)."""
         self.shutdown()
-        self.config.trainer.resume_mode = "auto"
+        self.resume_mode = "auto"
         self.global_step = self.policy_version = 0
         self.train_loader.load_state_dict(self.initial_loader_state)
         if self.kl_ctrl is not None:
@@ -178,7 +171,8 @@ class RayPPOTrainer:
 
     def plan_resume(self) -> ResumePoint | None:
         """Pick, verify and compare the checkpoint to resume from; runs before any worker starts (trainer/resume.py)."""
-        self.resume_point = plan_resume(self.config, self.hf_config, self.total_steps, self.use_critic)
+        self.resume_point = plan_resume(self.config, self.hf_config, self.total_steps, self.use_critic,
+                                        self.resume_mode)
         self.resume_planned = True
         return self.resume_point
 
@@ -218,11 +212,11 @@ class RayPPOTrainer:
                 while self.global_step < self.total_steps:
                     if self.profiles_steps:  # global_profiler.steps (workers/profile_plan.py)
                         self.actor_rollout_wg.set_profile_step(self.global_step + 1)
-                    if self.pipeline is None:
+                    if self.pipeline is None:  # sync: this step generates its batch
                         batch = next(batches)
                         self.global_step += 1
                         metrics = self.train_step(batch, batches)
-                    else:
+                    else:  # one_step_off / async: the batch the rollout group generated while earlier steps trained
                         self.global_step += 1
                         metrics = self.train_step(None, generated=self.pipeline.next())
                     last_step = self.global_step >= self.total_steps
@@ -252,22 +246,24 @@ class RayPPOTrainer:
         with timed("save_checkpoint", timing := {}):
             path = self.save_checkpoint()
         metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+        self._advance_rollout()
         return path
 
     def _start_pipeline(self, batches):
-        """one_step_off / async: the generation pipeline on the rollout group, and trainer views that advance it
-        after each phase (trainer/rollout_modes/pipeline.py); None in sync mode."""
+        """one_step_off / async: the generation pipeline on the rollout group (trainer/rollout_modes/pipeline.py);
+        None in sync mode."""
         if self.config.trainer.rollout_mode == "sync":
             return None
-        from verlx.trainer.rollout_modes.pipeline import PumpingGroup, RolloutPipeline
+        from verlx.trainer.rollout_modes.pipeline import RolloutPipeline
 
-        pipeline = RolloutPipeline(self.config, self.rollout_group, batches, self.train_loader, self._expand,
-                                   self._gen_inputs, lambda: self.policy_version, self.global_step + 1,
-                                   self.total_steps)
-        self.actor_rollout_wg = PumpingGroup(self.actor_rollout_wg, pipeline.pump)
-        if self.critic_wg is not None:
-            self.critic_wg = PumpingGroup(self.critic_wg, pipeline.pump)
-        return pipeline
+        return RolloutPipeline(self.config, self.rollout_group, batches, self.train_loader, self._expand,
+                               self._gen_inputs, lambda: self.policy_version, self.global_step + 1, self.total_steps)
+
+    def _advance_rollout(self) -> None:
+        """The trainer's workers are idle between two phases: the rollout group may start or continue a generation
+        now, and receive newer weights first (one_step_off / async; nothing in sync mode)."""
+        if self.pipeline is not None:
+            self.pipeline.pump()
 
     def _rollout_paused(self):
         return self.pipeline.paused() if self.pipeline is not None else contextlib.nullcontext()
@@ -300,20 +296,15 @@ class RayPPOTrainer:
             correction = old_log_prob_phase(cfg, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, metrics, timing)
             check_finite_log_probs(batch.batch["old_log_probs"], batch.batch["response_mask"], self.global_step,
                                    cfg.actor_rollout_ref.actor.optim.lr)
+            self._advance_rollout()
             metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
                                              generated.dropped if generated is not None else 0))
             if self.use_reference:
-                with timed("ref", timing):
-                    ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
-                    metrics.update(ref.meta_info.get("metrics", {}))
-                    batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
-                    if "full_kl" in ref.batch:
-                        batch.batch["full_kl"] = ref.batch["full_kl"]
+                self._reference_log_probs(batch, metrics, timing)
+                self._advance_rollout()
             if self.use_critic:
-                with timed("values", timing):
-                    values = self.critic_wg.compute_values(batch.select(list(LOG_PROB_INPUTS), [], []))
-                    batch.batch["values"] = values.batch["values"]
-                    metrics.update(values.meta_info.get("metrics", {}))
+                self._critic_values(batch, metrics, timing)
+                self._advance_rollout()
             with timed("adv", timing):
                 if self.kl_ctrl is not None:
                     batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
@@ -325,11 +316,11 @@ class RayPPOTrainer:
                 with timed("update_critic", timing):
                     out = self.critic_wg.update_critic(batch.select([*LOG_PROB_INPUTS, "values", "returns"], [], []))
                     metrics.update(out.meta_info["metrics"])
+                self._advance_rollout()
             if self.global_step > cfg.trainer.critic_warmup:
                 self._update_actor(batch, correction, metrics, timing)
             self.policy_version = self.global_step
-            if self.pipeline is not None:
-                self.pipeline.pump()  # the new weights can go to the rollout group now
+            self._advance_rollout()  # the new weights can go to the rollout group now
             if cfg.trainer.rollout_data_dir:
                 dump_generations(cfg.trainer.rollout_data_dir, self.global_step, batch, self.tokenizer)
         if self.rollout_group is not None:
@@ -355,6 +346,20 @@ class RayPPOTrainer:
         check_weights_after_skipped_updates(metrics, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, self.world_size,
                                             self.global_step, cfg.actor_rollout_ref.actor.optim.lr)
 
+    def _reference_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        with timed("ref", timing):
+            ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
+            metrics.update(ref.meta_info.get("metrics", {}))
+            batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
+            if "full_kl" in ref.batch:
+                batch.batch["full_kl"] = ref.batch["full_kl"]
+
+    def _critic_values(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        with timed("values", timing):
+            values = self.critic_wg.compute_values(batch.select(list(LOG_PROB_INPUTS), [], []))
+            batch.batch["values"] = values.batch["values"]
+            metrics.update(values.meta_info.get("metrics", {}))
+
     def _expand(self, batch: DataProto) -> DataProto:
         """uid per prompt, n samples each (interleaved)."""
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -373,7 +378,7 @@ class RayPPOTrainer:
         if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
             with timed("gen_max", timing):
                 batch.batch["reward_baselines"] = self._greedy_baseline(batch)
-        batch.pop(batch_keys=list(GEN_INPUTS))
+        batch.pop(batch_keys=list(MODEL_INPUTS))
         batch.union(gen_out)
         return self._score(batch, metrics, timing)
 
@@ -440,7 +445,7 @@ class RayPPOTrainer:
     def _gen_inputs(self, batch: DataProto) -> DataProto:
         """The prompt tensors, plus the columns the agent loop reads (rollout.mode=async or multi_turn.enable)."""
         enabled = self.config.actor_rollout_ref.rollout.uses_agent_loop
-        return batch.select(list(GEN_INPUTS), agent_input_keys(batch, enabled), [])
+        return batch.select(list(MODEL_INPUTS), agent_input_keys(batch, enabled), [])
 
     def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:
         gen_batch.meta_info.update({"do_sample": do_sample, "global_step": self.global_step,

@@ -199,12 +199,13 @@ def check_settings(path: str, config, hf_config, use_critic: bool) -> list[Chang
     return taking_effect
 
 
-def plan_resume(config, hf_config, total_steps: int, use_critic: bool) -> ResumePoint | None:
-    """The verified checkpoint to resume from with its driver state, or None to start fresh. Raises ConfigError for
-    a damaged explicit path or for settings that must match the checkpoint."""
+def plan_resume(config, hf_config, total_steps: int, use_critic: bool, mode: str | None = None) -> ResumePoint | None:
+    """The verified checkpoint to resume from with its driver state, or None to start fresh; `mode` overrides
+    trainer.resume_mode (a restart resumes with `auto`). Raises ConfigError for a damaged explicit path or for
+    settings that must match the checkpoint."""
     t = config.trainer
     checkpointing.remove_stale_temps(expand_path(t.default_local_dir, absolute=True))
-    path = checkpointing.resolve_resume_path(t)
+    path = checkpointing.resolve_resume_path(t, mode)
     if path is None:
         return None
     changed = check_settings(path, config, hf_config, use_critic)

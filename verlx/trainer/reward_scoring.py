@@ -4,10 +4,11 @@ rm_scores when present) or hands them to custom_reward_function as extra_info["r
 
 from __future__ import annotations
 
+from verlx.batch_columns import MODEL_INPUTS, RESPONSES
 from verlx.protocol import DataProto
 from verlx.reward.managers import RewardResult
 
-RM_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+RM_INPUTS = (*MODEL_INPUTS, RESPONSES)
 
 
 def reward_model_reads_raw_chat(config) -> bool:

@@ -11,12 +11,11 @@ from collections import defaultdict
 
 import numpy as np
 
+from verlx.batch_columns import MODEL_INPUTS
 from verlx.reward.managers import RewardFailure
-from verlx.rollout.agent.metrics import agent_input_keys
+from verlx.rollout.agent.inputs import agent_input_keys
 from verlx.trainer.generation_dump import generation_records, write_jsonl
 from verlx.utils.paths import expand_path
-
-GEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
 class Validator:
@@ -39,14 +38,14 @@ class Validator:
         for batch in loader:
             batch = batch.repeat(n, interleave=True)
             keys = agent_input_keys(batch, self.config.actor_rollout_ref.rollout.uses_agent_loop)
-            gen_in, pad = batch.select(list(GEN_INPUTS), keys, []).pad_to_divisor(self.world_size)
+            gen_in, pad = batch.select(list(MODEL_INPUTS), keys, []).pad_to_divisor(self.world_size)
             # rows are already repeated n times: one sample per row
             gen_in.meta_info.update({"validate": True, "n": 1, "do_sample": val_kwargs.do_sample,
                                      "seed": self.config.actor_rollout_ref.rollout.seed})
             out = self.wg.generate_sequences(gen_in).unpad(pad)
             out.meta_info.pop("timing", None)
             out.meta_info.pop("metrics", None)
-            batch.pop(batch_keys=list(GEN_INPUTS))
+            batch.pop(batch_keys=list(MODEL_INPUTS))
             batch.union(out)
             try:
                 result = self.reward_fn(batch)

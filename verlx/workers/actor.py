@@ -8,10 +8,11 @@ import torch.distributed as dist
 from verlx.algorithms.core import agg_loss
 from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
 from verlx.algorithms.policy_losses import select_policy_loss
+from verlx.batch_columns import MODEL_INPUTS
+from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
-from verlx.workers.engine import MODEL_INPUTS, Head, TrainingEngine
+from verlx.workers.engine import Head, TrainingEngine
 from verlx.workers.micro_batching import micro_batches, ppo_mini_batches, restore_order
-from verlx.workers.stats import MetricAccumulator
 
 
 def collect(outputs: list[dict], name: str, order: torch.Tensor | None) -> torch.Tensor:

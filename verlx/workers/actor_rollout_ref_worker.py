@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import torch
 
 from verlx.algorithms.kl import kl_needs_full_distribution
+from verlx.batch_columns import ENTROPYS, OLD_LOG_PROBS, SUM_PI_SQUARED
 from verlx.config.schema import PPOConfig
+from verlx.metrics.phases import phase_metrics
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
-from verlx.rollout.base import RolloutContext, get_engine_class
+from verlx.rollout.base import PolicyWeights, RolloutContext, get_engine_class
+from verlx.rollout.generation import Interruptions
 from verlx.rollout.weight_sync import engine_dtype_on
 from verlx.single_controller import Dispatch, Worker, register
 from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
@@ -26,7 +31,7 @@ from verlx.workers.auto_settings import resolve_actor_settings
 from verlx.workers.engine import ModelSpec, engine_class
 from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
-from verlx.workers.perf import PhaseTimer, phase_metrics
+from verlx.workers.perf import PhaseTimer
 from verlx.workers.profiling import StepProfiling
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
 
@@ -34,29 +39,51 @@ logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref")
 
 
-class ActorRolloutRefWorker(Worker, StepProfiling):
-    """`role` is any '_'-joined combination of actor, rollout and ref (e.g. actor_rollout_ref, ref)."""
+@dataclass(frozen=True)
+class WorkerRole:
+    """What one ActorRolloutRefWorker holds: the trainable actor, a rollout engine, the frozen reference. veRL
+    spells a role as its parts joined with '_' ("actor_rollout_ref", "ref"): `parse` reads that, `str` writes it."""
 
-    def __init__(self, config: PPOConfig, role: str = "actor_rollout_ref"):
-        super().__init__()
-        parts = set(role.split("_"))
-        unknown = parts - set(ROLES)
+    actor: bool = False
+    rollout: bool = False
+    ref: bool = False
+
+    @classmethod
+    def parse(cls, role: str | WorkerRole) -> WorkerRole:
+        if isinstance(role, WorkerRole):
+            return role
+        parts = [p for p in str(role).split("_") if p]
+        unknown = sorted(set(parts) - set(ROLES))
         if unknown or not parts:
-            raise ValueError(f"role {role!r}: parts must be among {ROLES}, got unknown {sorted(unknown)}")
+            raise ValueError(f"role {role!r}: parts must be among {ROLES} joined with '_', got unknown {unknown}")
+        return cls(**{p: True for p in parts})
+
+    def __str__(self) -> str:
+        return "_".join(p for p in ROLES if getattr(self, p))
+
+
+class ActorRolloutRefWorker(Worker, StepProfiling):
+    """`role`: a WorkerRole, or veRL's spelling of one (e.g. "actor_rollout_ref", "ref")."""
+
+    def __init__(self, config: PPOConfig, role: str | WorkerRole = "actor_rollout_ref"):
+        super().__init__()
         self.config = config
-        self.role = role
-        self.is_actor, self.is_rollout, self.is_ref = ("actor" in parts, "rollout" in parts, "ref" in parts)
-        self.actor = self.ref = self.engine = None
+        self.role = WorkerRole.parse(role)
+        self.actor = self.ref = self.engine = self.engine_ctx = self.agent_runner = None
         self.dp_size = self.world_size
         self.lora = False
-        self.engine_weights_stale = True
+        #: the actor's weights: each update and each loaded checkpoint is a new version (the engine holds one)
+        self.actor_version = 0
         self.engine_asleep_gb: float | None = None
-        # a rollout-only worker of hybrid_engine=false gets its weights from the trainer (workers/weight_transfer.py)
-        self.transfer_fed = not self.is_actor and not getattr(config.actor_rollout_ref, "hybrid_engine", True)
         self.transfer_store = self.transfer_group = None
-        self.weights_version: int | None = None
-        self.interrupted_upto = -1  # partial rollout: generations with an id up to this one stop
+        self.interruptions = Interruptions()  # partial rollout (interrupt_generation)
         self.engine_resident_bytes = 0  # what the engine keeps on the GPU while training runs (measured at init)
+
+    @property
+    def fed_by_trainer(self) -> bool:
+        """A rollout-only worker of hybrid_engine=false: its weights come from the trainer by broadcast
+        (workers/weight_transfer.py), and its engine shares its device with nothing."""
+        return not self.role.actor and not self.config.actor_rollout_ref.hybrid_engine
 
     # ------------------------------------------------------------------ set-up
     @register(Dispatch.ONE_TO_ALL)
@@ -66,9 +93,9 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         settings = compile_cache_note(self.config.trainer.compile_cache_dir)  # before anything compiles
         process_baseline(self.device)  # the GPU's memory in use before this process builds anything
         import_external_lib(arr.model.external_lib)  # the engine may be built first and needs the architecture too
-        if self.is_rollout:  # first: engines that size their cache from free memory must see it before training
+        if self.role.rollout:  # first: engines that size their cache from free memory must see it before training
             self._init_engine(model_path)
-        if self.is_actor or self.is_ref:
+        if self.role.actor or self.role.ref:
             settings += self._resolve_auto_settings(model_path)
             self._init_training(model_path)
         # what verlx chose for the keys left open: the driver logs rank 0's (worker logs are not shown at INFO)
@@ -98,24 +125,24 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         cfg = self.config
         arr = cfg.actor_rollout_ref
         engine_cls = engine_class(arr.actor.strategy)
-        roles = {"actor_rollout_ref.actor": arr.actor} if self.is_actor else {}
-        if self.is_ref:
+        roles = {"actor_rollout_ref.actor": arr.actor} if self.role.actor else {}
+        if self.role.ref:
             roles["actor_rollout_ref.ref"] = arr.ref
         placement = engine_cls.place(roles, self.hf_config, self.world_size)
         self.set_dispatch_info("actor", placement.dp_rank, placement.dp_size, placement.is_collect)
         self.dp_size = placement.dp_size
         common = dict(path=model_path, model=arr.model, hf_config=self.hf_config, device=self.device,
                       total_steps=cfg.trainer.total_training_steps or 1)
-        if self.is_actor:
+        if self.role.actor:
             self.lora = arr.model.lora_rank > 0
-            if self.lora and self.is_rollout and self.rank == 0:
+            if self.lora and self.role.rollout and self.rank == 0:
                 logger.info("LoRA: the %s rollout engine receives the actor's weights with the adapters merged in "
                             "at every push (no engine here loads adapters separately)", arr.rollout.name)
             spec = ModelSpec("actor", role=arr.actor, lora=self.lora, tokenizer=self.tokenizer,
                              max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite_updates, **common)
             self.actor = PPOActor(arr.actor, engine_cls.build(spec, placement),
                                   rollout_correction=cfg.algorithm.rollout_correction, dp_size=placement.dp_size)
-        if self.is_ref:
+        if self.role.ref:
             if self.lora:  # the actor's own module with its adapters switched off
                 ref_engine = self.actor.engine.reference_view()
             else:
@@ -144,7 +171,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
 
     def _init_engine(self, model_path: str) -> None:
         rollout = self.config.actor_rollout_ref.rollout
-        if not self.is_actor and not self.transfer_fed and rollout.load_format.startswith("dummy"):
+        if not self.role.actor and not self.fed_by_trainer and rollout.load_format.startswith("dummy"):
             raise ValueError(
                 f"role {self.role} has no actor to push weights into its rollout engine, so "
                 f"actor_rollout_ref.rollout.load_format={rollout.load_format} would generate from random weights; "
@@ -152,7 +179,6 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             )
         tp = rollout.tensor_model_parallel_size
         engine_cls = get_engine_class(rollout.name)
-        self.engine_name = rollout.name
         ctx = RolloutContext(
             config=rollout,
             model_path=model_path,
@@ -166,66 +192,52 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             tp_size=tp,
             n_gpus_per_node=self.config.trainer.n_gpus_per_node,
             trust_remote_code=self.config.actor_rollout_ref.model.trust_remote_code,
+            colocated=not self.fed_by_trainer,
         )
         self.set_dispatch_info("rollout", ctx.dp_rank, ctx.dp_size, ctx.tp_rank == 0)
         used_before = self._device_used_bytes()
         self.engine = engine_cls(ctx)
         self.engine_ctx = ctx
-        # Without an actor nothing pushes weights: the engine's own, loaded from model_path, are the ones to use.
-        self.engine_weights_stale = self.is_actor
-        # a rollout group of its own shares its devices with nothing: its engine stays awake between calls
-        self.engine_sleeps = bool(rollout.free_cache_engine) and not self.transfer_fed
-        self.engine_asleep = self.engine_sleeps
-        if self.engine_asleep:
-            self.engine.sleep()
+        self.engine.sleep()  # until the first generation (an engine of a rollout group of its own stays awake)
         if used_before is not None:  # nothing else is on the device yet: the difference is the engine's
             self.engine_resident_bytes = self._device_used_bytes() - used_before
-            if self.engine_asleep:
+            if self.engine.residency.asleep:
                 self.engine_asleep_gb = self.engine_resident_bytes / 2**30
 
     # ------------------------------------------------------------------ rollout
-    def _push_weights(self) -> float:
-        """Stream the actor's full weights into the engine as one push (the engine buckets them and knows when
-        every parameter has arrived); returns seconds taken."""
-        start = time.perf_counter()
-        self.engine.update_weights(self.actor.engine.rollout_weights(self.engine_ctx.engine_dtype))
-        self.engine_weights_stale = False
-        return time.perf_counter() - start
+    def _actor_weights(self) -> PolicyWeights | None:
+        """The weights the engine must generate with: the actor's current version, streamed with the actor's
+        parameters on the device; None when no actor pushes them here (the engine's own, or the trainer's
+        broadcast)."""
+        if self.actor is None:
+            return None
+
+        @contextlib.contextmanager
+        def stream():
+            with self._on_device(actor=True):
+                yield self.actor.engine.rollout_weights(self.engine_ctx.engine_dtype)
+
+        return PolicyWeights(self.actor_version, stream)
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         if self.engine is None:
             raise RuntimeError(f"role {self.role} has no rollout engine")
-        if self.transfer_fed and self.weights_version is None:
+        if self.fed_by_trainer and self.engine.residency.weights_version is None:
             raise RuntimeError("this rollout worker has received no weights from the trainer yet (receive_weights); "
                                "it would generate from the engine's initial weights")
-        timing = {}
         start, wall_start = time.perf_counter(), time.time()
         timer = PhaseTimer(self.device, "gen", self.rank)
-        with timer.measure():
-            if self.engine_asleep:
-                self.engine.wake_up(("weights",))
-            if self.engine_weights_stale and not self.transfer_fed:
-                if not self.is_actor:
-                    raise RuntimeError("the rollout engine needs weights from an actor in the same worker")
-                with self._on_device(actor=True):
-                    timing["timing_s/update_weights"] = self._push_weights()
-            if self.engine_asleep:
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
-                self.engine.wake_up(("kv_cache",))
+        with timer.measure(), self.engine.awake(self._actor_weights()) as timing:
             gen_start = time.perf_counter()
             try:
                 out = self._generate(prompts)
             except Exception as e:
-                e.add_note(f"while the {self.engine_name} rollout engine of rank {self.rank} was generating (step "
+                e.add_note(f"while the {self.engine.name} rollout engine of rank {self.rank} was generating (step "
                            f"{prompts.meta_info.get('global_step', '?')}); checkpoints on disk are not touched by a "
                            "failed step")
                 raise
             timing["timing_s/generate_engine"] = time.perf_counter() - gen_start
-            if self.engine_sleeps:
-                self.engine.sleep()
-                self.engine_asleep = True
         timing["timing_s/rollout_worker"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
         # the rollout's peak (engine weights and KV cache on top of what training keeps resident) is often the step's
@@ -236,20 +248,16 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     def _generate(self, prompts: DataProto) -> DataProto:
         if self.config.actor_rollout_ref.rollout.uses_agent_loop:  # rollout.mode=async or multi_turn.enable
             return self._agent_runner().generate(self.engine, prompts)
-        if "generation_id" in prompts.meta_info:  # partial rollout: stoppable by interrupt_generation
-            from verlx.rollout.interruptible import check_supports_partial, generate_interruptible
-
-            check_supports_partial(self.engine, self.engine_name)
-            generation_id = prompts.meta_info["generation_id"]
-            return generate_interruptible(self.engine, prompts, lambda: self.interrupted_upto >= generation_id,
-                                          self.engine_ctx.eos_token_ids, self.engine_ctx.pad_token_id)
+        interrupted = self.interruptions.check(prompts.meta_info.get("generation_id"))
+        if interrupted is not None:  # partial rollout: stoppable by interrupt_generation
+            return self.engine.generate(prompts, interrupted)
         return self.engine.generate(prompts)
 
     @register(Dispatch.ONE_TO_ALL)
     def interrupt_generation(self, generation_id: int) -> None:
-        """Partial rollout: the generation `generation_id` (and any before it) returns at its next decode round with
-        the tokens it has. Runs beside generate_sequences (the rollout group's actors take two calls at once)."""
-        self.interrupted_upto = max(self.interrupted_upto, int(generation_id))
+        """Partial rollout: the generation `generation_id` (and any before it) returns at its next step with the
+        tokens it has. Runs beside generate_sequences (the rollout group's actors take two calls at once)."""
+        self.interruptions.interrupt(generation_id)
 
     # ------------------------------------------------------------------ weights to a rollout group of its own
     @register(Dispatch.ONE_TO_ALL)
@@ -268,9 +276,9 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         """Trainer rank 0 joins as group rank 0, rollout rank r as 1 + r; other trainer ranks stay out."""
         from verlx.workers.weight_transfer import join_group
 
-        if self.is_actor and self.rank != 0:
+        if self.role.actor and self.rank != 0:
             return
-        group_rank = 0 if self.is_actor else 1 + self.rank
+        group_rank = 0 if self.role.actor else 1 + self.rank
         self.transfer_group = join_group(self.transfer_store, host, port, group_rank, world, self.device,
                                          self.config.actor_rollout_ref.nccl_timeout)
 
@@ -298,13 +306,12 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         from verlx.workers.weight_transfer import receive
 
         start = time.perf_counter()
-        self.engine.update_weights(receive(self.transfer_group, version, self.device))
-        self.weights_version = int(version)
+        self.engine.update_weights(receive(self.transfer_group, version, self.device), version=int(version))
         return {"seconds": time.perf_counter() - start}
 
     def _agent_runner(self):
         """The agent-loop rollout's runner (tools loaded once per worker); docs/rollout.md, docs/multi_turn.md."""
-        if getattr(self, "agent_runner", None) is None:
+        if self.agent_runner is None:
             from verlx.rollout.agent.runner import AgentLoopRunner
 
             self.agent_runner = AgentLoopRunner(
@@ -344,7 +351,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
                                               calculate_sum_pi_squared=sum_pi_squared)
         metrics = phase_metrics("actor_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
                                 forward_only=True, share=1 / self._sp_size())
-        names = {"log_prob": "old_log_probs", "entropy": "entropys", "sum_pi_squared": "sum_pi_squared"}
+        names = {"log_prob": OLD_LOG_PROBS, "entropy": ENTROPYS, "sum_pi_squared": SUM_PI_SQUARED}
         return DataProto({names[k]: v.cpu() for k, v in out.items()}, meta_info={"metrics": metrics})
 
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
@@ -382,7 +389,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         metrics["actor/optimizer_state_gb"] = self.actor.engine.optimizer_state_bytes() / 1e9
         self.actor.engine.step_lr()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
-        self.engine_weights_stale = True
+        self.actor_version += 1
         return DataProto(meta_info={"metrics": metrics, "wall_clock": (wall_start, time.time())})
 
     # ------------------------------------------------------------------ checkpoints
@@ -395,5 +402,5 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     def load_checkpoint(self, path: str) -> None:
         with self._on_device(actor=True, optimizer=True):
             self.actor.engine.load_checkpoint(path)
-        self.engine_weights_stale = True
+        self.actor_version += 1
 

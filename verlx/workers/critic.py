@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from verlx.algorithms.core import compute_value_loss
+from verlx.batch_columns import MODEL_INPUTS
+from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
 from verlx.workers.actor import collect
-from verlx.workers.engine import MODEL_INPUTS, Head, TrainingEngine
+from verlx.workers.engine import Head, TrainingEngine
 from verlx.workers.micro_batching import micro_batches, ppo_mini_batches
-from verlx.workers.stats import MetricAccumulator
 
 VALUES = Head("values")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from verlx.config.schema import PPOConfig
+from verlx.metrics.phases import phase_metrics
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
 from verlx.single_controller import Dispatch, Worker, register
@@ -19,7 +20,7 @@ from verlx.workers.critic import PPOCritic
 from verlx.workers.engine import ModelSpec, engine_class
 from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
-from verlx.workers.perf import PhaseTimer, phase_metrics
+from verlx.workers.perf import PhaseTimer
 
 
 class CriticWorker(Worker):

@@ -20,12 +20,10 @@ from typing import Any
 
 import torch
 
+from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
 from verlx.utils.registry import Registry
 from verlx.workers.micro_batching import MiniBatch
-from verlx.workers.stats import MetricAccumulator
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from verlx.metrics.accumulator import MetricAccumulator
 from verlx.utils.errors import VerlxError
-from verlx.workers.stats import MetricAccumulator
 
 
 class NonFiniteUpdates(VerlxError, RuntimeError):

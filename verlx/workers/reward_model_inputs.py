@@ -15,8 +15,6 @@ import torch
 
 from verlx.protocol import DataProto
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
-
 
 def response_mask_of(data: DataProto) -> torch.Tensor:
     width = data.batch["responses"].shape[-1]

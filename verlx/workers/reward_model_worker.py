@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from verlx.batch_columns import MODEL_INPUTS
+from verlx.metrics.phases import phase_metrics
 from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.protocol import DataProto
 from verlx.single_controller import Dispatch, Worker, register
@@ -16,8 +18,8 @@ from verlx.workers.fsdp.model_builder import apply_fsdp2, load_score_model
 from verlx.workers.fsdp.offload import Offloader
 from verlx.workers.memory_plan import EFFICIENT_MICRO_BATCH_TOKENS
 from verlx.workers.micro_batching import micro_batches, restore_order, sequence_lengths
-from verlx.workers.perf import PhaseTimer, phase_metrics
-from verlx.workers.reward_model_inputs import MODEL_INPUTS, retemplated_inputs, scores_at_last_response_token
+from verlx.workers.perf import PhaseTimer
+from verlx.workers.reward_model_inputs import retemplated_inputs, scores_at_last_response_token
 from verlx.workers.tokenizer import load_tokenizer
 
 BUDGET_KEY = "reward_model.forward_max_token_len_per_gpu"

@@ -1,8 +1,6 @@
-"""Metric bookkeeping inside workers: accumulate on device, one host sync and one all-reduce per call."""
+"""Counts the workers share across ranks (tokens and sequences of a mini-batch) and the optimizer's memory."""
 
 from __future__ import annotations
-
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -29,60 +27,6 @@ def global_counts(response_mask: torch.Tensor, device: torch.device,
         "rank_tokens": local[0].clamp(min=1).float(),
         "dp_size": torch.tensor(float(dp_size or world), device=device),
     }
-
-
-class MetricAccumulator:
-    """Per-step sums (one step = one optimizer step), averaged over steps and over ranks at the end.
-
-    Every value is kept on the accumulator's device, whatever device it comes from (megatron's optimizer returns
-    its gradient norm as a Python float, the losses are CUDA tensors): the reduction stacks them all."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._current: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=device))
-        self._steps: dict[str, list[torch.Tensor]] = defaultdict(list)
-        self._counts: dict[str, int] = defaultdict(int)
-        self._constants: dict[str, float] = {}
-
-    def _on_device(self, value: torch.Tensor | float) -> torch.Tensor:
-        return torch.as_tensor(value, dtype=torch.float32).to(self.device, non_blocking=True).reshape(())
-
-    def add_sum(self, name: str, value: torch.Tensor | float) -> None:
-        self._current[name] = self._current[name] + self._on_device(value)
-
-    def add_mean(self, name: str, value: torch.Tensor | float) -> None:
-        self._steps[name].append(self._on_device(value))
-
-    def add_count(self, name: str) -> None:
-        self._counts[name] += 1
-
-    def set(self, name: str, value: float) -> None:
-        self._constants[name] = float(value)
-
-    def end_step(self) -> None:
-        for name, value in self._current.items():
-            self._steps[name].append(value)
-        self._current.clear()
-
-    def local_means(self) -> tuple[list[str], torch.Tensor]:
-        """This rank's metric names (sorted) and their means over steps, one float64 tensor on the device."""
-        self.end_step()
-        names = sorted(self._steps)
-        if not names:
-            return names, torch.zeros(0, dtype=torch.float64, device=self.device)
-        return names, torch.stack([torch.stack(self._steps[n]).mean() for n in names]).double()
-
-    def reduce(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
-        """Mean over steps, then mean over the ranks of `group` (default: all; every one of them must call this)."""
-        names, values = self.local_means()
-        out: dict[str, float] = dict(self._constants)
-        if names:
-            if dist.is_initialized():
-                dist.all_reduce(values, group=group)
-                values /= dist.get_world_size(group)
-            out.update(dict(zip(names, values.tolist())))
-        out.update({name: float(count) for name, count in self._counts.items()})
-        return out
 
 
 def optimizer_state_bytes(optimizer) -> int:

@@ -5,8 +5,8 @@ Pieces, one module each: `tools` (tool registry, the @tool decorator, schemas), 
 file), `builtin_tools` (calculator, python), `sandbox` (a limited subprocess for code), `parsers` (tool-call
 formats), `chat` (chat-template deltas and the once-per-sample re-tokenisation check), `trajectory` (token ids,
 masks and log-probs of one sample), `loops` (the agent-loop registry: single_turn_agent, tool_agent, user
-`module:Class`), `execution` (concurrent tool calls with timeouts and caps), `backends` and `engine_backends`
-(how each engine takes requests as they come), `runner` (a batch of samples as coroutines → the rollout batch),
+`module:Class`), `execution` (concurrent tool calls with timeouts and caps), `driver` (the samples' requests
+through any engine's request stream), `runner` (a batch of samples as coroutines → the rollout batch),
 `oversampling` (over_sample_rate: cancel the slowest samples), `metrics` (the driver's multi_turn/* and tool/*
 metrics), `config_checks` (rollout.mode, agent.*, multi_turn.*).
 """

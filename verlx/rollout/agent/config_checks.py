@@ -1,6 +1,7 @@
 """Checks of the agent-loop rollout's keys (actor_rollout_ref.rollout.mode, over_sample_rate, agent.*,
-multi_turn.*), run with the config validation before Ray starts: the engine can take requests as they come, the
-names resolve, the tool file loads and its schemas validate."""
+multi_turn.*), run with the config validation before Ray starts: the names resolve, the tool file loads and its
+schemas validate (what the engine must be able to do is checked with the other capabilities,
+rollout/capabilities.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ def agent_loop_problems(cfg) -> list[str]:
                   f"rollout, which is off: set {ROLLOUT}.mode=async (or multi_turn.enable=true), or "
                   "over_sample_rate=0")
         return f.problems
-    _check_engine(rollout, f)
     f.require(rollout.agent.num_workers >= 1, f"{ROLLOUT}.agent.num_workers={rollout.agent.num_workers} must be "
               ">= 1 (threads per rollout worker for synchronous tool calls)")
     _check_default_loop(rollout, f)
@@ -40,25 +40,6 @@ def agent_loop_problems(cfg) -> list[str]:
         _check_numbers(rollout.multi_turn, f)
         _check_names(rollout.multi_turn, f)
     return f.problems
-
-
-def _why(rollout) -> str:
-    """The key that turned the agent-loop rollout on, for messages."""
-    return f"{ROLLOUT}.mode=async" if rollout.mode == "async" else f"{KEY}.enable=true"
-
-
-def _check_engine(rollout, f: Findings) -> None:
-    from verlx.rollout.agent.backends import AGENT_BACKENDS
-
-    f.require(rollout.name == "auto" or rollout.name in AGENT_BACKENDS,
-              f"{_why(rollout)} (the agent-loop rollout) needs an engine with a request stream, one that takes "
-              f"requests as they come, but {ROLLOUT}.name={rollout.name} has none; use native (needs nothing beyond "
-              "torch), sglang or vllm")
-    f.require(not (rollout.name == "vllm" and rollout.tensor_model_parallel_size > 1 and rollout.multi_turn.enable),
-              f"{KEY}.enable=true with rollout.name=vllm needs rollout.tensor_model_parallel_size=1 "
-              f"(got {rollout.tensor_model_parallel_size}): vLLM's tensor-parallel peers must receive the same "
-              "requests in the same order, which tool calls finishing at different times break; use sglang or "
-              "native for tensor-parallel multi-turn")
 
 
 def _check_default_loop(rollout, f: Findings) -> None:

@@ -43,7 +43,7 @@ class AgentSample:
     def __init__(self, env: AgentEnv, trajectory: Trajectory, generate, tools_kwargs: dict, extra_info: Any):
         self.env = env
         self.trajectory = trajectory
-        self._generate = generate  # async (context ids, max_new_tokens, turn) -> GenOutput
+        self._generate = generate  # async (context ids, max_new_tokens, turn) -> rollout.stream.Finished
         self.tools_kwargs = tools_kwargs
         self.extra_info = extra_info
 
@@ -64,11 +64,12 @@ class AgentSample:
             return None
         limit = traj.remaining if max_new_tokens is None else min(traj.remaining, int(max_new_tokens))
         out = await self._generate(traj.context_ids, limit, traj.assistant_turns)
-        traj.add_model(out.ids, out.log_probs)
-        stopped = bool(out.ids) and out.ids[-1] in self.env.stop_token_ids
-        text = self.env.codec.decode(out.ids[:-1] if stopped else out.ids)
+        ids = out.token_ids
+        traj.add_model(ids, out.log_probs)
+        stopped = bool(ids) and ids[-1] in self.env.stop_token_ids
+        text = self.env.codec.decode(ids[:-1] if stopped else ids)
         traj.messages.append({"role": "assistant", "content": text})
-        return ModelTurn(list(out.ids), text, "stop" if stopped else "length")
+        return ModelTurn(list(ids), text, "stop" if stopped else "length")
 
     def append_messages(self, messages: list[dict]) -> bool:
         """Append tool/user messages as the template's delta (ending in the next generation prompt). False, with

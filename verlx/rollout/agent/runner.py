@@ -20,15 +20,16 @@ import numpy as np
 import torch
 
 from verlx.protocol import DataProto
-from verlx.rollout.agent.backends import GenerationBackend, backend_for
 from verlx.rollout.agent.chat import ChatCodec
+from verlx.rollout.agent.driver import StreamDriver
 from verlx.rollout.agent.execution import ToolExecutor
 from verlx.rollout.agent.loops import AGENT_LOOPS, AgentEnv, AgentLoop, AgentSample
 from verlx.rollout.agent.oversampling import finish_first, samples_to_keep
 from verlx.rollout.agent.parsers import TOOL_PARSERS
 from verlx.rollout.agent.tool_config import load_tools
 from verlx.rollout.agent.trajectory import Trajectory
-from verlx.rollout.base import resolve_engine_name, resolve_sampling
+from verlx.rollout.base import resolve_sampling
+from verlx.rollout.stream import RequestStream
 from verlx.utils.errors import VerlxError
 
 logger = logging.getLogger(__name__)
@@ -57,15 +58,15 @@ class AgentLoopRunner:
 
     # ------------------------------------------------------------------ entry points
     def generate(self, engine, prompts: DataProto) -> DataProto:
-        """Generate `prompts` (left-padded, with the agent columns) through the engine of rollout.name."""
+        """Generate `prompts` (left-padded, with the agent columns) through the engine's request stream, where the
+        engine makes its requests (RolloutEngine.drive)."""
         params = resolve_sampling(self.config, prompts.meta_info, self.stop_token_ids)
-        backend_cls = backend_for(resolve_engine_name(self.config.name))
-        backend = backend_cls(engine, params, bool(self.config.calculate_log_probs))
-        return self.generate_with(backend, prompts, params.n)
+        return engine.drive(lambda: self.generate_with(engine.open_stream(params), prompts, params.n))
 
-    def generate_with(self, backend: GenerationBackend, prompts: DataProto, n: int) -> DataProto:
+    def generate_with(self, stream: RequestStream, prompts: DataProto, n: int) -> DataProto:
         keep = self._samples_to_keep(prompts.meta_info, len(prompts) * n)
-        trajectories = backend.run(lambda: self.run_samples(backend, prompts, n, keep))
+        driver = StreamDriver(stream, n)
+        trajectories = driver.run(lambda: self.run_samples(driver, prompts, n, keep))
         return self.build_batch(prompts, trajectories, n)
 
     def _samples_to_keep(self, meta_info: dict, total: int) -> int | None:
@@ -76,7 +77,7 @@ class AgentLoopRunner:
             return None
         return samples_to_keep(total, rate)
 
-    async def run_samples(self, backend: GenerationBackend, prompts: DataProto, n: int,
+    async def run_samples(self, driver: StreamDriver, prompts: DataProto, n: int,
                           keep: int | None = None) -> list[Trajectory]:
         """Every sample's agent loop, concurrently; with `keep`, the samples still running once `keep` have
         finished are cancelled (over_sample_rate) and come back with an empty response, stop reason
@@ -85,22 +86,22 @@ class AgentLoopRunner:
                                 self.mt.max_tool_response_length, self.mt.tool_response_truncate_side,
                                 threads=int(self.config.agent.num_workers))
         loops: dict[str, AgentLoop] = {}
-        await backend.start()
+        await driver.start()
         try:
             rows = _prompt_rows(prompts)
-            samples = [self._prepare(backend, executor, loops, prompts, rows[i], i, i * n + j)
+            samples = [self._prepare(driver, executor, loops, prompts, rows[i], i, i * n + j)
                        for i in range(len(prompts)) for j in range(n)]
             tasks = [asyncio.create_task(self._run_one(*sample)) for sample in samples]
             if keep is None or keep >= len(tasks):
                 trajectories = list(await asyncio.gather(*tasks))
             else:
-                cancelled = await finish_first(tasks, keep, backend.cut)
+                cancelled = await finish_first(tasks, keep, driver.cut)
                 trajectories = [_cancelled(sample[1].trajectory, prompts, sample[3] // n) if gone else task.result()
                                 for sample, task, gone in zip(samples, tasks, cancelled)]
         finally:
-            await backend.stop()
+            await driver.stop()
             executor.close()
-        engine_error = getattr(backend, "error", None)
+        engine_error = driver.error
         if engine_error is not None:
             raise RuntimeError(f"the rollout engine failed during the agent-loop batch: {engine_error}") \
                 from engine_error
@@ -124,7 +125,7 @@ class AgentLoopRunner:
             loops[name] = cls(env)
         return loops[name]
 
-    def _prepare(self, backend, executor, loops, prompts: DataProto, row_ids: list[int], i: int,
+    def _prepare(self, driver, executor, loops, prompts: DataProto, row_ids: list[int], i: int,
                  index: int) -> tuple[AgentLoop, AgentSample, str, int]:
         """The loop of sample `index` (of row i, whose prompt ids are `row_ids`) and its starting state (the prompt
         rendered again with the tools' schemas for loops that use tools)."""
@@ -148,9 +149,9 @@ class AgentLoopRunner:
         tools_kwargs = (extra.get("tools_kwargs") if isinstance(extra, dict) else None) or {}
 
         async def generate(ids, max_new, turn):
-            out = await backend.generate(ids, max_new, (index, turn))
-            if len(out.ids) > max_new:
-                raise RuntimeError(f"the engine returned {len(out.ids)} tokens for max_new_tokens={max_new}")
+            out = await driver.generate(ids, max_new, (index, turn))
+            if len(out.token_ids) > max_new:
+                raise RuntimeError(f"the engine returned {len(out.token_ids)} tokens for max_new_tokens={max_new}")
             return out
 
         return loop, AgentSample(loop.env, traj, generate, tools_kwargs, extra), name, index

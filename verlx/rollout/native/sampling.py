@@ -121,23 +121,6 @@ def gumbel_noise(keys: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     return -torch.log2(-torch.log2(u))
 
 
-def _hash32_int(x: int) -> int:
-    x &= _MASK32
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & _MASK32
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & _MASK32
-    return x ^ (x >> 16)
-
-
-def row_seed(base: int, *keys: int) -> int:
-    """Host-side derivation of a row's 32-bit seed from a base seed and its (prompt, sample) keys."""
-    h = _hash32_int(base ^ (base >> 32))
-    for k in keys:
-        h = _hash32_int(h ^ _hash32_int(k + 0x9E3779B9))
-    return h
-
-
 # ------------------------------------------------------------------ torch sampling
 def _pick_from_sorted(cand_logits: torch.Tensor, cand_ids: torch.Tensor, top_p: float, u: torch.Tensor):
     """Inverse-CDF pick among candidates sorted by descending logit, keeping the top-p nucleus."""

@@ -1,13 +1,14 @@
-"""Requests that arrive while others decode (the agent loop's turns): each joins a free slot at the next round.
+"""The native engine's request stream: every generation (batch, partial rollout, agent loop) runs through it.
 
-A RequestStream shares the engine's model, KV cache, slot state and decode graphs with the batch Scheduler and
-reuses its decode pieces; what differs is that requests come one by one (`submit`), each with its own
-max_new_tokens (enforced on the host: a round never runs past the nearest per-request limit), and `step()` runs
-one round: admit waiting requests into free slots (prefill), decode up to `sync_interval` steps, return the
-requests that finished.
+Requests come one by one (`submit`), each with its own max_new_tokens (enforced on the host: a round never runs past
+the nearest per-request limit), and `step()` runs one round: admit waiting requests into free slots (prefill;
+requests with the same tokens, a prompt's samples, share one), decode up to `sync_interval` steps (without looking
+at the device when no row can stop early), return the requests that finished. Freed slots are refilled once enough
+are free (`refill_fraction` of the slots, or every waiting request fits), so long tails do not stall a batch; when
+nothing waits, the survivors are compacted into the lowest slots so the decode batch shrinks with them.
 
 The KV of a conversation's previous turn is reused: a finished request's slot is *parked* (its keys and values
-kept) and a request that names it (`reuse=`) and extends its tokens is admitted into that slot with a prefill
+kept) and a request that names it (`follows=`) and extends its tokens is admitted into that slot with a prefill
 of the new tokens only (the tool results and the next generation prompt). Parked slots are given up, oldest
 first, when a waiting request needs a slot, or when compaction needs their place; the request that would have
 reused one is then prefilled in full. Parked slots are outside the decode batch or marked done, and a done
@@ -17,6 +18,7 @@ slot's decode step only rewrites its own last token's K/V, so a parked prefix is
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -27,8 +29,9 @@ from verlx.rollout.native.graphs import DecodeRunner
 from verlx.rollout.native.kv_cache import KVCache
 from verlx.rollout.native.model import NativeModel
 from verlx.rollout.native.sampling import SamplingPlan
-from verlx.rollout.native.scheduler import GenerationStats, Scheduler, SchedulerConfig
+from verlx.rollout.native.scheduler import Scheduler, SchedulerConfig
 from verlx.rollout.native.slots import SlotState
+from verlx.rollout.stream import ABORT, LENGTH, STOP, Finished, RequestStream, StreamLimits
 
 
 @dataclass
@@ -37,65 +40,50 @@ class _Request:
     ids: list[int]
     limit: int
     seed: int
-    reuse: str | None = None
+    follows: str | None = None
 
 
-class RequestStream(Scheduler):
+class NativeStream(Scheduler, RequestStream):
     def __init__(self, model: NativeModel, cache: KVCache, state: SlotState, runner: DecodeRunner,
-                 cfg: SchedulerConfig, plan: SamplingPlan, vocab_size: int):
-        super().__init__(model, cache, state, runner, cfg)
-        self.plan, self.vocab_size = plan, vocab_size
-        self.stats = GenerationStats()
-        slots = state.slots
-        self.slot_row, self.slot_pos, self.slot_gen = [-1] * slots, [0] * slots, [0] * slots
+                 cfg: SchedulerConfig, plan: SamplingPlan, vocab_size: int, params, limits: StreamLimits):
+        Scheduler.__init__(self, model, cache, state, runner, cfg, plan)
+        RequestStream.__init__(self, params, limits, want_log_probs=True)
+        self.vocab_size = vocab_size
+        self.admit_at = max(1, math.ceil(cfg.refill_fraction * state.slots))
         self.waiting: deque[int] = deque()
         self.requests: dict[int, _Request] = {}
         self._rows = itertools.count()
         self.parked: dict[str, tuple[int, list[int]]] = {}  # finished request key -> (slot, ids with cached K/V)
         self.reused_tokens = 0
+        self._captures_before = runner.captures
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.waiting) or any(r >= 0 for r in self.slot_row)
-
-    def submit(self, key: str, ids: list[int], max_new_tokens: int, seed: int, reuse: str | None = None) -> None:
-        """Queue a request; `reuse`: the key of an earlier request whose prompt and output `ids` extend."""
-        limit = int(max_new_tokens)
-        if not 1 <= limit <= self.state.response_len:
-            raise ValueError(f"request {key}: max_new_tokens={limit} must be in [1, rollout.response_length="
-                             f"{self.state.response_len}]")
-        if not ids or len(ids) + limit > self.cache.plan.max_len:
-            raise ValueError(f"request {key}: {len(ids)} context tokens + max_new_tokens={limit} exceed the engine's "
-                             f"max_model_len {self.cache.plan.max_len}; raise rollout.max_model_len")
+    def _submit(self, key: str, ids: list[int], max_new_tokens: int, seed: int, follows: str | None) -> None:
         if max(ids) >= self.vocab_size or min(ids) < 0:
             raise ValueError(f"request {key}: a token id outside the vocabulary [0, {self.vocab_size})")
         row = next(self._rows)
-        self.requests[row] = _Request(key, list(ids), limit, int(seed), reuse)
+        self.requests[row] = _Request(key, ids, max_new_tokens, seed, follows)
         self.waiting.append(row)
 
     @torch.no_grad()
-    def step(self) -> list[tuple[str, list[int], list[float]]]:
-        """One round; returns (key, generated ids, log-probs) of the requests that finished in it."""
+    def _step(self) -> list[Finished]:
+        """One round: admit what may start, decode, return the requests that finished in it."""
         if self.waiting:
             self._admit_continuations()
         free = self._free_slots()
-        while self.waiting and len(free) < len(self.waiting) and self.parked:
-            self._evict(next(iter(self.parked)))
+        if self.waiting and len(free) < len(self.waiting) and self.parked:
+            self._evict(list(self.parked)[: len(self.waiting) - len(free)])
             free = self._free_slots()
-        if self.waiting and free:
+        running = any(r >= 0 for r in self.slot_row)
+        if self.waiting and free and (len(free) >= min(self.admit_at, len(self.waiting)) or not running):
             self._admit_requests([self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))], free)
-        elif not self.waiting and any(r >= 0 for r in self.slot_row):
+        elif not self.waiting and running:
             self._compact()
         return self._round()
 
-    def cancel_unfinished(self) -> list[tuple[str, list[int], list[float]]]:
-        """Stop every request that has not finished (partial rollout: the weights are about to change): (key,
-        tokens generated so far, their log-probs) of each, none for those still waiting; their slots are freed."""
-        return self.cancel(None)
-
-    def cancel(self, keys: set[str] | None) -> list[tuple[str, list[int], list[float]]]:
-        """Stop the unfinished requests named in `keys` (None: all), as cancel_unfinished does."""
-        running = [s for s, r in enumerate(self.slot_row) if r >= 0 and (keys is None or self.requests[r].key in keys)]
+    def _cancel(self, keys: set[str]) -> list[Finished]:
+        """Stop these requests: the running ones with the tokens generated so far (their slots are freed), the
+        waiting ones with none."""
+        running = [s for s, r in enumerate(self.slot_row) if r >= 0 and self.requests[r].key in keys]
         out = []
         if running:
             slot_t = torch.tensor(running, device=self.device)
@@ -103,31 +91,37 @@ class RequestStream(Scheduler):
             logprobs = self.state.out_logprobs.index_select(0, slot_t).cpu().tolist()
             for j, s in enumerate(running):
                 n = self.slot_gen[s]
-                out.append((self.requests.pop(self.slot_row[s]).key, tokens[j][:n], logprobs[j][:n]))
+                out.append(Finished(self.requests.pop(self.slot_row[s]).key, tokens[j][:n], logprobs[j][:n], ABORT))
                 self.slot_row[s] = -1
             self.state.release(slot_t)
-        waiting = [row for row in self.waiting if keys is None or self.requests[row].key in keys]
-        out += [(self.requests.pop(row).key, [], []) for row in waiting]
+        waiting = [row for row in self.waiting if self.requests[row].key in keys]
+        out += [Finished(self.requests.pop(row).key, [], [], ABORT) for row in waiting]
         self.waiting = deque(row for row in self.waiting if row in self.requests)
         return out
+
+    def report(self) -> dict:
+        stats = self.stats.as_dict()
+        stats["graph_captures"] = self.runner.captures - self._captures_before
+        return stats
 
     # ------------------------------------------------------------------ parked slots (KV reuse across turns)
     def _free_slots(self) -> list[int]:
         parked = {slot for slot, _ in self.parked.values()}
         return [s for s in range(self.state.slots) if self.slot_row[s] < 0 and s not in parked]
 
-    def _evict(self, key: str) -> None:
-        slot, _ = self.parked.pop(key)
-        self.state.release(torch.tensor([slot], device=self.device))
+    def _evict(self, keys: list[str]) -> None:
+        """Give up these parked slots (one release for all)."""
+        slots = [self.parked.pop(key)[0] for key in keys]
+        self.state.release(torch.tensor(slots, device=self.device))
 
     def _admit_continuations(self) -> None:
         """Waiting requests whose previous turn is parked with a prefix of their ids: one batched prefill of the
         new tokens only, into the parked slots."""
         start = time.perf_counter()
         rows, slots, cached_lens = [], [], []
-        for row in [r for r in self.waiting if self.requests[r].reuse in self.parked]:
+        for row in [r for r in self.waiting if self.requests[r].follows in self.parked]:
             request = self.requests[row]
-            slot, cached = self.parked.pop(request.reuse)
+            slot, cached = self.parked.pop(request.follows)
             if len(request.ids) <= len(cached) or request.ids[: len(cached)] != cached:
                 self.state.release(torch.tensor([slot], device=self.device))
                 continue
@@ -161,20 +155,25 @@ class RequestStream(Scheduler):
     def _compact(self) -> None:
         """Parked slots among the holes compaction fills are given up first."""
         count = sum(r >= 0 for r in self.slot_row)
-        for key in [k for k, (slot, _) in self.parked.items() if slot < count]:
-            self._evict(key)
+        holes = [k for k, (slot, _) in self.parked.items() if slot < count]
+        if holes:
+            self._evict(holes)
         super()._compact()
 
     def _admit_requests(self, rows: list[int], free: list[int]) -> None:
         start = time.perf_counter()
         rows = sorted(rows, key=lambda r: len(self.requests[r].ids))
         chunk: list[int] = []
+        distinct: set[tuple[int, ...]] = set()
         slots = iter(free)
         for row in rows:  # ascending length: the newest request sets the chunk's padded length
-            if chunk and (len(chunk) + 1) * len(self.requests[row].ids) > self.cfg.max_num_batched_tokens:
+            ids = tuple(self.requests[row].ids)
+            prefills = len(distinct) + (ids not in distinct)  # a prompt's samples share one prefill
+            if chunk and prefills * len(ids) > self.cfg.max_num_batched_tokens:
                 self._prefill_rows(chunk, [next(slots) for _ in chunk])
-                chunk = []
+                chunk, distinct = [], set()
             chunk.append(row)
+            distinct.add(ids)
         if chunk:
             self._prefill_rows(chunk, [next(slots) for _ in chunk])
         self._sync()
@@ -208,7 +207,7 @@ class RequestStream(Scheduler):
             self.slot_row[slot], self.slot_pos[slot], self.slot_gen[slot] = row, n, 1
         self.stats.prompt_tokens += sum(lens)
 
-    def _round(self) -> list[tuple[str, list[int], list[float]]]:
+    def _round(self) -> list[Finished]:
         occupied = [s for s, r in enumerate(self.slot_row) if r >= 0]
         if not occupied:
             return []
@@ -219,6 +218,7 @@ class RequestStream(Scheduler):
         if steps > 0:
             self._run_steps(occupied, batch, steps)
             self.stats.decode_steps += steps
+            self.stats.weight_bytes_read += steps * self.cfg.weight_bytes_per_step
             self.stats.batch_sizes.append(batch)
         done, gen_len = self.state.read_progress(batch)
         self.stats.rounds += 1
@@ -233,7 +233,7 @@ class RequestStream(Scheduler):
         self.stats.decode_s += time.perf_counter() - start
         return out
 
-    def _take(self, slots: list[int], gen_len: list[int]) -> list[tuple[str, list[int], list[float]]]:
+    def _take(self, slots: list[int], gen_len: list[int]) -> list[Finished]:
         slot_t = torch.tensor(slots, device=self.device)
         width = max(min(gen_len[s], self.requests[self.slot_row[s]].limit) for s in slots)
         tokens = self.state.out_tokens.index_select(0, slot_t)[:, :width].cpu().tolist()
@@ -242,7 +242,8 @@ class RequestStream(Scheduler):
         for j, s in enumerate(slots):
             request = self.requests.pop(self.slot_row[s])
             n = min(gen_len[s], request.limit)
-            out.append((request.key, tokens[j][:n], logprobs[j][:n]))
+            stopped = self.plan.can_stop_early and n > 0 and tokens[j][n - 1] in self.plan.stop_token_ids
+            out.append(Finished(request.key, tokens[j][:n], logprobs[j][:n], STOP if stopped else LENGTH))
             self.stats.generated_tokens += n
             self.slot_row[s] = -1
             # K/V exist for the prompt and every generated token but the last (never fed back)

@@ -1,7 +1,13 @@
-"""RayWorkerGroup: one Ray actor per bundle, driven as one object from the single controller."""
+"""RayWorkerGroup: one Ray actor per bundle, driven as one object from the single controller.
+
+A group's methods are declared in its class, one line per worker method (`update_actor =
+group_method(ActorRolloutRefWorker.update_actor)`), so a reader goes from `wg.update_actor(...)` to that line and on
+to the worker's method; calling one runs the worker method on the group's ranks as its @register says.
+"""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -46,6 +52,45 @@ def registered_methods(cls: type) -> dict[str, MethodSpec]:
     }
 
 
+class GroupMethod:
+    """A worker's @register method as a method of its group (see the module docstring). `group.name(...)` waits
+    for a blocking method's collected result (a non-blocking one returns its GroupFuture); `group.name.submit(...)`
+    never waits."""
+
+    def __init__(self, fn: Callable):
+        spec = method_spec(fn)
+        if spec is None:
+            raise TypeError(f"{fn.__qualname__} is not a @register-ed worker method")
+        self.fn, self.spec, self.name = fn, spec, fn.__name__
+        functools.update_wrapper(self, fn)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name != self.name:
+            raise TypeError(f"{owner.__name__}.{name} = group_method({self.fn.__qualname__}): a group method has the "
+                            "name of the worker method it calls")
+
+    def __get__(self, group: RayWorkerGroup | None, owner: type | None = None):
+        return self if group is None else BoundGroupMethod(group, self)
+
+
+class BoundGroupMethod:
+    def __init__(self, group: RayWorkerGroup, method: GroupMethod):
+        self.group, self.method = group, method
+
+    def __call__(self, *args, **kwargs):
+        future = self.submit(*args, **kwargs)
+        return future.get() if self.method.spec.blocking else future
+
+    def submit(self, *args, **kwargs) -> GroupFuture:
+        """Call on every rank without waiting, even a method registered as blocking."""
+        return self.group._submit(self.method, args, kwargs)
+
+
+def group_method(fn: Callable) -> GroupMethod:
+    """Declare a worker's @register method in its group's class under the same name."""
+    return GroupMethod(fn)
+
+
 class GroupFuture:
     """The pending result of a group call; `get()` waits under the group's watchdog and collects."""
 
@@ -69,10 +114,9 @@ class GroupFuture:
 
 
 class RayWorkerGroup:
-    """Creates one actor per bundle of `resource_pool` and binds every `@register`-ed method as a group method.
-
-    Blocking methods return the collected result; non-blocking ones return a GroupFuture. Every wait runs
-    under a watchdog: a worker that raises surfaces its traceback with group and rank, a dead worker is
+    """Creates one actor per bundle of `resource_pool`; subclasses declare the worker methods it offers
+    (`group_method`). Blocking methods return the collected result; non-blocking ones return a GroupFuture. Every
+    wait runs under a watchdog: a worker that raises surfaces its traceback with group and rank, a dead worker is
     reported within about a second, and a call past its timeout reports the ranks still running and their stacks.
     """
 
@@ -83,11 +127,13 @@ class RayWorkerGroup:
         name: str = "workers",
         default_timeout_s: float | None = None,
         _existing: RayWorkerGroup | None = None,
+        _role: str | None = None,
     ):
         self.name = name
         self.default_timeout_s = default_timeout_s
         self.timeouts: dict[str, float] = {}
-        self._submitters: dict[str, tuple[str, MethodSpec]] = {}
+        #: a colocated role's methods are `role_method` on the shared actors
+        self._remote_prefix = f"{_role}_" if _role else ""
         if _existing is not None:  # a per-role view sharing the actors of a colocated group
             self._workers, self._identities = _existing._workers, _existing._identities
             self._dispatch_cache = _existing._dispatch_cache
@@ -96,6 +142,7 @@ class RayWorkerGroup:
             self.timeouts = dict(_existing.timeouts)
         else:
             assert resource_pool is not None and ray_cls_with_init is not None
+            self._check_methods(registered_methods(ray_cls_with_init.cls), ray_cls_with_init.cls.__name__)
             self.resource_pool = resource_pool
             self._dispatch_cache: dict[str, list[tuple[int, int, bool]]] = {}
             self._identities: list = []
@@ -103,8 +150,19 @@ class RayWorkerGroup:
             self._identities = self.wait(
                 "get_identity", list(range(self.world_size)), [w.get_identity.remote() for w in self._workers], None
             )
-            for name, spec in registered_methods(ray_cls_with_init.cls).items():
-                setattr(self, name, self._make_group_method(name, name, spec))
+
+    @classmethod
+    def group_methods(cls) -> dict[str, GroupMethod]:
+        """The worker methods this group class declares."""
+        return {name: value for klass in reversed(cls.__mro__) for name, value in vars(klass).items()
+                if isinstance(value, GroupMethod)}
+
+    @classmethod
+    def _check_methods(cls, registered: dict[str, MethodSpec], worker: str) -> None:
+        for name, method in cls.group_methods().items():
+            if registered.get(name) != method.spec:
+                raise TypeError(f"{cls.__name__}.{name} calls {method.fn.__qualname__}, which {worker} does not "
+                                "register under that name with the same dispatch")
 
     # ------------------------------------------------------------------ creation
     def _create_workers(self, pool: RayResourcePool, rcls: RayClassWithInitArgs) -> list:
@@ -137,25 +195,12 @@ class RayWorkerGroup:
             workers.append(actor)
         return workers
 
-    def _make_group_method(self, remote_name: str, public_name: str, spec: MethodSpec):
-        def group_method(*args, **kwargs):
-            future = self._submit(remote_name, public_name, spec, args, kwargs)
-            return future.get() if spec.blocking else future
-
-        group_method.__name__ = public_name
-        self._submitters[public_name] = (remote_name, spec)
-        return group_method
-
-    def _submit(self, remote_name: str, public_name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> GroupFuture:
+    def _submit(self, method: GroupMethod, args: tuple, kwargs: dict) -> GroupFuture:
+        spec, remote_name = method.spec, self._remote_prefix + method.name
         mode = DISPATCH_MODES.get(spec.dispatch_mode)
-        plan = mode.dispatch(self, public_name, spec.mesh, args, kwargs)
+        plan = mode.dispatch(self, method.name, spec.mesh, args, kwargs)
         refs = [getattr(self._workers[rank], remote_name).remote(*a, **kw) for rank, a, kw in plan.calls]
-        return GroupFuture(self, public_name, plan, refs, lambda outs: mode.collect(self, plan, outs))
-
-    def submit(self, method: str, *args, **kwargs) -> GroupFuture:
-        """Call a group method without waiting, even one registered as blocking: its GroupFuture."""
-        remote_name, spec = self._submitters[method]
-        return self._submit(remote_name, method, spec, args, kwargs)
+        return GroupFuture(self, method.name, plan, refs, lambda outs: mode.collect(self, plan, outs))
 
     # ------------------------------------------------------------------ views
     @property
@@ -170,14 +215,13 @@ class RayWorkerGroup:
     def identities(self):
         return list(self._identities)
 
-    def spawn(self, roles: dict[str, type]) -> dict[str, RayWorkerGroup]:
-        """Per-role views of a colocated WorkerDict group: `views[role].method` calls `role_method` remotely."""
+    def spawn(self, roles: dict[str, tuple[type[RayWorkerGroup], type]]) -> dict[str, RayWorkerGroup]:
+        """Per-role views of a colocated WorkerDict group, each of its role's group class (given with the role's
+        worker class): `views[role].method` calls `role_method` on the shared actors."""
         views = {}
-        for role, cls in roles.items():
-            view = RayWorkerGroup(None, None, name=role, _existing=self)
-            for name, spec in registered_methods(cls).items():
-                setattr(view, name, view._make_group_method(f"{role}_{name}", name, spec))
-            views[role] = view
+        for role, (group_cls, worker_cls) in roles.items():
+            group_cls._check_methods(registered_methods(worker_cls), worker_cls.__name__)
+            views[role] = group_cls(None, None, name=role, _existing=self, _role=role)
         return views
 
     def dispatch_info(self, mesh: str) -> list[tuple[int, int, bool]]:

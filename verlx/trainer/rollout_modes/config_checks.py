@@ -12,7 +12,6 @@ from verlx.algorithms.rollout_correction import rollout_correction_problems
 
 MODES = ("sync", "one_step_off", "async")
 STALENESS_POLICIES = ("wait", "drop")
-NO_PARTIAL_ROLLOUT = ("hf", "sglang", "vllm")  # engines without open_stream (a custom one is checked when built)
 
 
 def rollout_mode_problems(cfg) -> list[str]:
@@ -127,9 +126,6 @@ def _partial_rollout_problems(cfg) -> list[str]:
         problems.append("trainer.partial_rollout=true needs trainer.rollout_mode=async with max_staleness >= 1 "
                         f"(got rollout_mode={t.rollout_mode}, max_staleness={t.max_staleness}): only then is a "
                         "generation in flight when the weights change")
-    if rollout.name in NO_PARTIAL_ROLLOUT:
-        problems.append(f"trainer.partial_rollout=true: actor_rollout_ref.rollout.name={rollout.name} cannot pause a "
-                        f"generation and continue it with new weights; use rollout.name=native")
     if rollout.uses_agent_loop:
         key = "mode=async" if rollout.mode == "async" else "multi_turn.enable=true"
         problems.append(f"trainer.partial_rollout=true with actor_rollout_ref.rollout.{key} (the agent-loop rollout) "

@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable
 
 from verlx.protocol import DataProto
-from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool
+from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, WorkerRole
+from verlx.workers.groups import ActorRolloutRefGroup
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +27,10 @@ class RolloutGroup:
         r, t = config.rollout, config.trainer
         self.trainer, self.trainer_version = trainer, trainer_version
         self.pool = RayResourcePool([r.n_gpus_per_node] * r.nnodes, use_gpu=use_gpu, name_prefix="verlx_rollout")
-        worker = RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role="rollout")
+        worker = RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role=WorkerRole(rollout=True))
         if t.partial_rollout:
             worker.with_concurrency(2)  # interrupt_generation runs beside generate_sequences
-        self.wg = RayWorkerGroup(self.pool, worker, name="rollout")
+        self.wg = ActorRolloutRefGroup(self.pool, worker, name="rollout")
         self.wg.set_timeouts(t.phase_timeout_s, **t.phase_timeouts)
         self.wg.init_model()
         host, port = next(address for address in trainer.weight_transfer_address() if address is not None)

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from verlx.batch_columns import POLICY_VERSION, POLICY_VERSION_LAST
 from verlx.protocol import DataProto
 from verlx.utils.errors import VerlxError
-
-VERSION = "rollout_policy_version"
-VERSION_LAST = "rollout_policy_version_last"
-TOKEN_VERSIONS = "rollout_token_versions"
 
 
 class StalenessError(VerlxError, RuntimeError):
@@ -26,8 +23,8 @@ class StalenessError(VerlxError, RuntimeError):
 def stamp(batch: DataProto, version: int) -> None:
     """Every sample of `batch` was generated entirely by `version`."""
     rows = len(batch)
-    batch.batch[VERSION] = torch.full((rows,), int(version), dtype=torch.long)
-    batch.batch[VERSION_LAST] = torch.full((rows,), int(version), dtype=torch.long)
+    batch.batch[POLICY_VERSION] = torch.full((rows,), int(version), dtype=torch.long)
+    batch.batch[POLICY_VERSION_LAST] = torch.full((rows,), int(version), dtype=torch.long)
 
 
 def staleness_metrics(batch: DataProto, trainer_version: int, bound: int, dropped: int = 0) -> dict[str, float]:
@@ -35,7 +32,7 @@ def staleness_metrics(batch: DataProto, trainer_version: int, bound: int, droppe
     async/partial_samples (samples whose tokens span several versions), async/dropped_samples (`dropped`: samples
     discarded as too stale since the previous step) and async/dropped_fraction (of those and this batch's); raises
     StalenessError when a sample exceeds `bound` policy versions."""
-    staleness = trainer_version - batch.batch[VERSION]
+    staleness = trainer_version - batch.batch[POLICY_VERSION]
     counts = torch.bincount(staleness.clamp(min=0)).tolist()
     worst = int(staleness.max())
     if worst > bound or int(staleness.min()) < 0:
@@ -48,7 +45,7 @@ def staleness_metrics(batch: DataProto, trainer_version: int, bound: int, droppe
         "async/staleness/mean": float(staleness.float().mean()),
         "async/staleness/max": float(worst),
         "async/staleness/min": float(staleness.min()),
-        "async/partial_samples": float((batch.batch[VERSION_LAST] != batch.batch[VERSION]).sum()),
+        "async/partial_samples": float((batch.batch[POLICY_VERSION_LAST] != batch.batch[POLICY_VERSION]).sum()),
         "async/dropped_samples": float(dropped),
         "async/dropped_fraction": dropped / (dropped + len(batch)),
     }

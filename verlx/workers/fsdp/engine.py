@@ -11,12 +11,14 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from verlx.batch_columns import MODEL_INPUTS
+from verlx.metrics.accumulator import MetricAccumulator
 from verlx.models.lora import lora_scaling, merged_weights
 from verlx.models.ulysses import check_ulysses, sequence_parallel_group
 from verlx.protocol import DataProto
 from verlx.rollout.weight_sync import gather_full, iter_engine_weights
 from verlx.utils.dtypes import torch_dtype
-from verlx.workers.engine import MODEL_INPUTS, Head, LossFn, ModelSpec, Placement, TrainingEngine
+from verlx.workers.engine import Head, LossFn, ModelSpec, Placement, TrainingEngine
 from verlx.workers.fsdp.checkpoint import FSDPCheckpointManager
 from verlx.workers.fsdp.model_builder import (
     apply_fsdp2,
@@ -30,7 +32,7 @@ from verlx.workers.fsdp.offload import Offloader
 from verlx.workers.guarded_step import GuardedStepper
 from verlx.workers.micro_batching import MiniBatch, gradient_accumulation
 from verlx.workers.profiling import MICRO_BATCH, OPTIMIZER_STEP
-from verlx.workers.stats import MetricAccumulator, optimizer_state_bytes
+from verlx.workers.stats import optimizer_state_bytes
 
 
 class FSDPEngine(TrainingEngine):

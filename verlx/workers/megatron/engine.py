@@ -14,11 +14,11 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
 from verlx.workers.engine import Head, LossFn, ModelSpec, Placement, TrainingEngine
 from verlx.workers.megatron import require_megatron_core
 from verlx.workers.micro_batching import MiniBatch
-from verlx.workers.stats import MetricAccumulator
 
 
 class MegatronEngine(TrainingEngine):

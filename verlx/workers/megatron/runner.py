@@ -13,10 +13,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
 from verlx.workers.guarded_step import NonFiniteUpdates
 from verlx.workers.megatron.batch_layout import AlignedBatch, align_batch
-from verlx.workers.stats import MetricAccumulator
 
 
 @dataclass

@@ -1,20 +1,11 @@
-"""What the driver needs from the agent loop: which non-tensor columns generation reads, and the per-step
-metrics computed from the per-sample `multi_turn_*` columns of the whole batch (exact over all ranks)."""
+"""The agent loop's per-step metrics, computed from the per-sample `multi_turn_*` columns of the whole batch (exact
+over all ranks; rollout/agent/runner.py writes them)."""
 
 from __future__ import annotations
 
 import collections
 
 import numpy as np
-
-#: non-tensor columns the agent loop reads (those present are passed to generate_sequences)
-AGENT_INPUT_KEYS = ("raw_prompt", "agent_name", "extra_info")
-
-
-def agent_input_keys(batch, uses_agent_loop: bool) -> list[str]:
-    if not uses_agent_loop:
-        return []
-    return [k for k in AGENT_INPUT_KEYS if k in batch.non_tensor_batch]
 
 
 def multi_turn_metrics(batch) -> dict[str, float]:

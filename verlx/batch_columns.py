@@ -1,0 +1,92 @@
+"""The columns of the PPO batch (DataProto), named once: what each holds and which phase writes it.
+
+The names are veRL's, spelling included (`old_log_probs` beside `ref_log_prob`, `entropys`): custom reward
+functions, estimators and losses written for veRL read them. Tensors are [B, T] over prompt + response
+(`input_ids`...), [B, R] over the response (`responses`, `response_mask` and everything per response token) or [B]
+per row. tests/unit/test_batch_columns.py fails when code indexes a batch with a literal name that is not here.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------------- the model's inputs (prompt + response)
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+POSITION_IDS = "position_ids"
+#: what every forward pass reads
+MODEL_INPUTS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)
+
+# ---------------------------------------------------------------------- rollout (rollout/base.py: the shared layout)
+PROMPTS = "prompts"
+RESPONSES = "responses"
+RESPONSE_MASK = "response_mask"
+ROLLOUT_LOG_PROBS = "rollout_log_probs"
+#: what a log-prob or value forward reads
+LOG_PROB_INPUTS = (*MODEL_INPUTS, RESPONSES, RESPONSE_MASK)
+# partial rollout (rollout/generation.py): what earlier calls generated, and how this call ended
+PARTIAL_RESPONSES = "partial_responses"
+PARTIAL_LOG_PROBS = "partial_log_probs"
+PARTIAL_LENGTHS = "partial_lengths"
+PARTIAL_COLUMNS = (PARTIAL_RESPONSES, PARTIAL_LOG_PROBS, PARTIAL_LENGTHS)
+ROLLOUT_FINISHED = "rollout_finished"
+ROLLOUT_NEW_TOKENS = "rollout_new_tokens"
+# policy versions (trainer/rollout_modes/staleness.py)
+POLICY_VERSION = "rollout_policy_version"
+POLICY_VERSION_LAST = "rollout_policy_version_last"
+TOKEN_VERSIONS = "rollout_token_versions"
+
+# ---------------------------------------------------------------------- log-probs, values
+OLD_LOG_PROBS = "old_log_probs"
+ENTROPYS = "entropys"
+SUM_PI_SQUARED = "sum_pi_squared"
+REF_LOG_PROB = "ref_log_prob"
+FULL_KL = "full_kl"
+VALUES = "values"
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
+
+# ---------------------------------------------------------------------- rewards and advantages
+RM_SCORES = "rm_scores"
+TOKEN_LEVEL_SCORES = "token_level_scores"
+TOKEN_LEVEL_REWARDS = "token_level_rewards"
+REWARD_BASELINES = "reward_baselines"
+ADVANTAGES = "advantages"
+RETURNS = "returns"
+
+# ---------------------------------------------------------------------- per-row Python values (non_tensor_batch)
+UID = "uid"
+RAW_PROMPT = "raw_prompt"
+REWARD_STATUS = "reward_status"
+
+#: every column, with what it holds
+COLUMNS = {
+    INPUT_IDS: "prompt (left-padded) + response token ids [B, T]",
+    ATTENTION_MASK: "1 for real tokens of input_ids [B, T]",
+    POSITION_IDS: "positions of input_ids [B, T]",
+    PROMPTS: "the left-padded prompt ids [B, P]",
+    RESPONSES: "generated ids, right-padded [B, R]",
+    RESPONSE_MASK: "1 for generated tokens up to and including the stop token [B, R]",
+    ROLLOUT_LOG_PROBS: "the rollout engine's log-probs of the responses [B, R]",
+    PARTIAL_RESPONSES: "partial rollout: tokens earlier calls generated [B, R]",
+    PARTIAL_LOG_PROBS: "partial rollout: their log-probs [B, R]",
+    PARTIAL_LENGTHS: "partial rollout: how many there are [B]",
+    ROLLOUT_FINISHED: "partial rollout: the row ended (stop token or length) [B]",
+    ROLLOUT_NEW_TOKENS: "partial rollout: tokens this call generated [B]",
+    POLICY_VERSION: "the policy version that generated the row's first token [B]",
+    POLICY_VERSION_LAST: "the policy version of its last token [B]",
+    TOKEN_VERSIONS: "partial rollout: the policy version of each response token [B, R]",
+    OLD_LOG_PROBS: "the actor's log-probs before the update [B, R]",
+    ENTROPYS: "the actor's per-token entropy [B, R]",
+    SUM_PI_SQUARED: "sum over the vocabulary of p^2 per token [B, R]",
+    REF_LOG_PROB: "the reference model's log-probs [B, R]",
+    FULL_KL: "the full-vocabulary KL to the reference per token [B, R]",
+    VALUES: "the critic's values [B, R]",
+    ROLLOUT_IS_WEIGHTS: "rollout correction's importance weights per token [B, R]",
+    RM_SCORES: "the reward model's scores [B, R]",
+    TOKEN_LEVEL_SCORES: "the reward manager's scores [B, R]",
+    TOKEN_LEVEL_REWARDS: "scores minus the KL penalty in the reward [B, R]",
+    REWARD_BASELINES: "REMAX's greedy-rollout reward [B]",
+    ADVANTAGES: "the estimator's advantages [B, R]",
+    RETURNS: "the estimator's returns [B, R]",
+    UID: "the prompt group a row belongs to (non-tensor)",
+    RAW_PROMPT: "the chat messages of the prompt (non-tensor)",
+    REWARD_STATUS: "ok, error or timeout of the row's scoring (non-tensor)",
+}

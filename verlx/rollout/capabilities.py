@@ -1,0 +1,102 @@
+"""What a run asks of its rollout engine, checked before Ray against what the engine's class declares
+(RolloutEngine.supports_* and tensor_parallel_in_lockstep): each refusal names the engine, the capability and the
+key that needs it."""
+
+from __future__ import annotations
+
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def engine_class_or_none(name: str):
+    """The engine class of a registered name or `module:Class`, None for `auto` (resolved later) or a name that
+    does not resolve (reported by the name checks)."""
+    from verlx.rollout.base import ROLLOUT_ENGINES
+
+    if name == "auto":
+        return None
+    try:
+        return ROLLOUT_ENGINES.get(name)
+    except (KeyError, ValueError):
+        return None
+
+
+def capability_problems(cfg, name: str | None = None) -> list[str]:
+    """The capabilities the config needs that rollout.name (or `name`, once `auto` is resolved) lacks."""
+    rollout = cfg.actor_rollout_ref.rollout
+    name = name or rollout.name
+    engine = engine_class_or_none(name)
+    if engine is None:
+        return []
+    needs = _needs(cfg)
+    problems = []
+    for capability, (key, what) in needs.items():
+        if not getattr(engine, capability, False):
+            problems.append(f"{key} needs a rollout engine that {what}, but {ROLLOUT}.name={name} cannot "
+                            f"({engine.__name__}.{capability} is False); use {alternatives(capability)}")
+    tp = rollout.tensor_model_parallel_size
+    if rollout.server.enable:
+        problems += _server_problems(cfg, tp)
+    if tp > 1 and not engine.supports_tensor_parallel:
+        problems.append(f"{ROLLOUT}.tensor_model_parallel_size={tp} needs a rollout engine that shards a replica over "
+                        f"several GPUs, but {ROLLOUT}.name={name} cannot ({engine.__name__}.supports_tensor_parallel "
+                        f"is False); set it to 1 (each GPU then generates its own data-parallel shard) or use "
+                        f"{alternatives('supports_tensor_parallel')}")
+    if engine.tensor_parallel_in_lockstep and tp > 1:
+        independent = [n for n in _able("supports_tensor_parallel") if n in _able("tensor_parallel_in_lockstep", False)]
+        for key in _timing_dependent(cfg):
+            problems.append(f"{key} with {ROLLOUT}.name={name} needs {ROLLOUT}.tensor_model_parallel_size=1 (got "
+                            f"{tp}): the engine's tensor-parallel peers must receive the same requests in the same "
+                            "order, which requests that depend on timing (tool calls, interruptions) break; or use "
+                            + " or ".join(f"{ROLLOUT}.name={n}" for n in independent))
+    return problems
+
+
+def _server_problems(cfg, tp: int) -> list[str]:
+    """A server is one process on one node: its tensor-parallel group must fit the node."""
+    colocated = cfg.actor_rollout_ref.hybrid_engine
+    key = "trainer.n_gpus_per_node" if colocated else "rollout.n_gpus_per_node"
+    gpus = cfg.trainer.n_gpus_per_node if colocated else cfg.rollout.n_gpus_per_node
+    if tp <= gpus:
+        return []
+    return [f"{ROLLOUT}.server.enable=true with {ROLLOUT}.tensor_model_parallel_size={tp} > {key}={gpus}: an engine "
+            "server runs on one node, so its tensor-parallel group must fit one; lower tensor_model_parallel_size or "
+            "turn server mode off"]
+
+
+def _needs(cfg) -> dict[str, tuple[str, str]]:
+    from verlx.algorithms.advantages import estimator_needs_greedy_baseline
+
+    needs = {}
+    try:
+        if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
+            needs["supports_greedy"] = (f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a greedy "
+                                        "baseline)", "decodes greedily")
+    except KeyError:
+        pass  # an unknown estimator is reported by the name checks
+    if cfg.trainer.partial_rollout:
+        needs["supports_partial_rollout"] = ("trainer.partial_rollout=true", "can pause a generation and continue "
+                                             "it with new weights")
+    if cfg.actor_rollout_ref.rollout.server.enable:
+        needs["supports_server"] = (f"{ROLLOUT}.server.enable=true", "serves its requests from an HTTP server")
+    return needs
+
+
+def _timing_dependent(cfg) -> list[str]:
+    keys = []
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        keys.append(f"{ROLLOUT}.multi_turn.enable=true")
+    if cfg.trainer.partial_rollout:
+        keys.append("trainer.partial_rollout=true")
+    return keys
+
+
+def _able(capability: str, wanted: bool = True) -> list[str]:
+    """The registered engines whose class declares `capability` as `wanted`."""
+    from verlx.rollout.base import ROLLOUT_ENGINES
+
+    return [n for n in ROLLOUT_ENGINES.names() if getattr(ROLLOUT_ENGINES.get(n), capability, False) == wanted]
+
+
+def alternatives(capability: str) -> str:
+    """`rollout.name=a or rollout.name=b`: the registered engines that declare `capability`."""
+    return " or ".join(f"{ROLLOUT}.name={n}" for n in _able(capability)) or "another engine"
