@@ -7,7 +7,8 @@
 
 Steps (the model is a Qwen2.5-0.5B shape with random weights, the data arithmetic prompts in the GSM8K schema):
   parity      `torchrun --nproc_per_node=2 benchmarks/megatron_parity.py`: TP=2 and PP=2 log-probs and one update
-              against the FSDP actor (the FSDP parity table's tolerances), and the exported checkpoint reloaded
+              against the FSDP actor (the FSDP parity table's tolerances; after the update, the bf16 noise floor
+              measured against an fp32 FSDP run), and the exported checkpoint reloaded
   grpo        main_ppo --config-name ppo_megatron_trainer: GRPO, megatron TP=2 actor and reference (KL loss), SGLang
               TP=2 colocated, 3 steps, a checkpoint at step 3
   export      `python -m verlx.model_merger merge --backend megatron` of grpo's step-3 actor; the directory reloads

@@ -92,9 +92,10 @@ def actor_config(kind: str):
 
 
 def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=None, dp_size: int | None = None,
-                cfg=None):
+                cfg=None, compute_dtype: torch.dtype = torch.bfloat16, mixed_precision_on_cpu: bool = False):
     """The trainer's actor set-up: load_policy (packed), apply_fsdp2, build_optimizer, PPOActor; `cfg` an
-    ActorConfig (default: actor_config(kind))."""
+    ActorConfig (default: actor_config(kind)); fp32 master weights computing in `compute_dtype` (on the CPU only
+    with `mixed_precision_on_cpu`, else in fp32)."""
     from verlx.config.engine import ModelConfig
     from verlx.workers.actor import PPOActor
     from verlx.workers.fsdp.engine import FSDPEngine
@@ -106,8 +107,8 @@ def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=
 
     model_cfg = ModelConfig(path=path, use_remove_padding=True, enable_gradient_checkpointing=False)
     module = load_policy(path, model_cfg, torch.float32, sp_group=sp_group)
-    apply_fsdp2(module, device, torch.bfloat16, mesh=mesh,
-                grad_divide_factor=dp_size if sp_group is not None else None)
+    apply_fsdp2(module, device, compute_dtype, mesh=mesh, grad_divide_factor=dp_size if sp_group is not None else None,
+                mixed_precision_on_cpu=mixed_precision_on_cpu)
     cfg = cfg or actor_config(kind)
     optimizer = build_optimizer(module.parameters(), cfg.optim)
     engine = FSDPEngine("actor", module, optimizer, device, grad_clip=cfg.grad_clip)

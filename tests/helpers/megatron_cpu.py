@@ -5,9 +5,10 @@ megatron-core computes on whatever device the model is on, but allocates a few b
 gradient buffers) or moves them with `.cuda()` (the pipeline's tied embedding copy before its all-reduce).
 The MoE all-to-all dispatcher copies its split sizes on a CUDA side stream (here the one CPU stream).
 Sequence parallelism forks megatron's CUDA RNG stream around dropout; with dropout 0 nothing is drawn from it, so
-the fork is a no-op here. `cuda_as_cpu()` keeps all of that on the CPU; everything else runs unchanged. Two things
-still need a GPU and are avoided by the configs the tests use: gradient clipping (megatron asserts CUDA gradients;
-grad_clip=0) and the distributed optimizer (use_distributed_optimizer=false: it checks for torch.cuda tensor types).
+the fork is a no-op here. megatron's mixed-precision and distributed optimizers and its gradient clipping accept
+parameters by their `tensor.type()` name ('torch.cuda.BFloat16Tensor', 'torch.cuda.FloatTensor'): CPU tensors report
+the CUDA names inside the block, so bf16 models with fp32 main params, the distributed optimizer and clipping run as
+on a GPU. `cuda_as_cpu()` keeps all of that on the CPU; everything else runs unchanged.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class _CudaAsCpu(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:  # the type's name, not a cast
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
             kwargs = {**kwargs, "device": "cpu"}

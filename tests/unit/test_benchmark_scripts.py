@@ -21,10 +21,10 @@ def _load_script(name: str):
     return module
 
 
-def _run(cmd: list[str], out_dir) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], out_dir, returncode: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "OUT": str(out_dir), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
@@ -113,11 +113,12 @@ def test_parity_2gpu_cpu_mode_matches_one_rank_in_fp32(tmp_path):
 
 
 def test_megatron_parity_cpu_mode_matches_fsdp_at_tp2_and_pp2(tmp_path):
-    """2 gloo processes, fp32: megatron TP=2 and PP=2 (the real pipeline schedule) give the FSDP actor's log-probs,
-    loss, gradient norm and updated log-probs, and the exported TP=2 checkpoint reloads to the same log-probs.
-    This found three GPU-path faults: the TP head's gradient all-reduce lost (megatron reduced a contiguous copy of
-    a transposed gradient), TP ranks' shards missing from the gradient norm (loaded weights were never marked
-    tensor-parallel), and the export hanging when run on one rank of a process group."""
+    """2 gloo processes, fp32: megatron TP=2 and PP=2 (the real pipeline schedule, the distributed optimizer,
+    gradient clipping at 1 as on the GPU) give the FSDP actor's log-probs, loss, gradient norm and updated log-probs,
+    and the exported TP=2 checkpoint (the distributed optimizer's fully_reshardable format) reloads to the same
+    log-probs. This found three GPU-path faults: the TP head's gradient all-reduce lost (megatron reduced a
+    contiguous copy of a transposed gradient), TP ranks' shards missing from the gradient norm (loaded weights were
+    never marked tensor-parallel), and the export hanging when run on one rank of a process group."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                  "benchmarks/megatron_parity.py", "--device", "cpu"], tmp_path)
@@ -130,6 +131,50 @@ def test_megatron_parity_cpu_mode_matches_fsdp_at_tp2_and_pp2(tmp_path):
     for layout in ("pp2", "tp2"):
         assert result["runs"][layout]["grad_norm"] == pytest.approx(fsdp["grad_norm"], rel=1e-5)
     assert "| tp2_update | True |" in proc.stdout
+    assert result["precision"] == "fp32" and result["noise_floor"] is None
+
+
+def _megatron_parity_bf16(tmp_path, *extra: str, returncode: int = 0) -> dict:
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+          "benchmarks/megatron_parity.py", "--device", "cpu", "--bf16", "--layouts", "tp2", *extra], tmp_path,
+         returncode)
+    return json.loads((tmp_path / "megatron_parity.json").read_text())
+
+
+def test_megatron_parity_bf16_update_within_the_measured_noise_floor(tmp_path):
+    """The GPU's bf16 check on the CPU: megatron TP=2 (bf16 weights, fp32 main params) after one Adam step is as far
+    from the fp32 FSDP run as FSDP's own bf16 run is, within the floor's bound; before the update and in loss and
+    gradient norm it is within the FSDP parity table's bf16 tolerances."""
+    result = _megatron_parity_bf16(tmp_path)
+    assert result["ok"] and result["precision"] == "bf16" and result["floor_multiple"] == 3
+    assert set(result["checks"]) == {"noise_floor", "tp2_logprob", "tp2_update", "export_reload"}
+    floor, update = result["noise_floor"], result["checks"]["tp2_update"]
+    assert 0 < floor["after_mean"] < result["update_shift"] / 6  # bf16 rounds, and far less than the update moves
+    # two correct bf16 runs: megatron's distance to fp32 is about FSDP's (ratio ~1 here), well inside 3 × rho × floor
+    assert update["err_mean"] <= 2 * update["rho"] * floor["after_mean"], update
+    assert update["err_max"] <= 2 * update["rho"] * floor["after_max"], update
+    assert update["bound_mean"] == pytest.approx(3 * update["rho"] * floor["after_mean"])
+
+
+@pytest.mark.parametrize("fault,caught_by", [
+    ("half_lr_rank1", "update"),
+    pytest.param("double_grads_rank1", "grad_norm", marks=pytest.mark.slow),
+    pytest.param("drop_grads_rank1", "both", marks=pytest.mark.slow),
+])
+def test_megatron_parity_bf16_fails_on_a_planted_fault(tmp_path, fault, caught_by):
+    """A fault on TP rank 1 fails the bf16 check (exit 1). Half the learning rate there leaves the loss, gradient
+    norm and log-probs before the update alone and moves those after it ~3x past the floor's bound (the fixed
+    tolerances, mean 1e-2 and max 0.15, would have passed it); doubled gradients change only the gradient norm (Adam's
+    first step is scale-free); dropped gradients both."""
+    result = _megatron_parity_bf16(tmp_path, "--plant-fault", fault, returncode=1)
+    update = result["checks"]["tp2_update"]
+    assert not result["ok"] and result["plant_fault"] == fault and not update["ok"]
+    assert result["checks"]["tp2_logprob"]["ok"] and update["loss_abs"] <= 1e-2
+    grad_norm_caught = update["grad_norm_rel"] > 2e-2
+    update_caught = update["err_mean"] > update["bound_mean"]
+    assert (grad_norm_caught, update_caught) == {"update": (False, True), "grad_norm": (True, False),
+                                                 "both": (True, True)}[caught_by], update
 
 
 @pytest.mark.slow

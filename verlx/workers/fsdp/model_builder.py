@@ -121,9 +121,12 @@ def apply_fsdp2(
     cpu_offload: bool = False,
     mesh=None,
     grad_divide_factor: float | None = None,
+    mixed_precision_on_cpu: bool = False,
 ) -> nn.Module:
     """Shard every decoder layer and then the root; mixed precision on GPU (fp32 grads reduce).
 
+    On the CPU the model computes in fp32 (the tests' exact numbers) unless `mixed_precision_on_cpu`: the megatron
+    parity benchmark's CPU mode reproduces the GPU's bf16 rounding with it.
     `reshard_after_forward` applies to the layers. The root (embeddings, final norm, output projection) is never
     resharded after forward: training gathers it again at once for backward, and the worker's Offloader frees it
     after a forward-only pass. Gradients are averaged over the ranks by default; `grad_divide_factor` replaces that
@@ -138,7 +141,7 @@ def apply_fsdp2(
     kwargs = {"reshard_after_forward": reshard_after_forward}
     if mesh is not None:
         kwargs["mesh"] = mesh
-    if device.type == "cuda":
+    if device.type == "cuda" or mixed_precision_on_cpu:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
