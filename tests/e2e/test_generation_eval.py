@@ -14,7 +14,7 @@ import pytest
 
 from verlx.config.evaluation import EvaluationConfig
 from verlx.config.generation import GenerationConfig
-from verlx.config.loader import ConfigError, build, load_yaml, to_container
+from verlx.config.loader import ConfigError, DataError, build, load_yaml, to_container
 from verlx.reward.managers import RewardFailure
 from verlx.trainer.main_eval import run_eval
 from verlx.trainer.main_generation import METADATA_KEY, run_generation, validate
@@ -160,7 +160,7 @@ def test_bad_generations_files_are_named(tmp_path):
                                                             row("arithmetic", "2", ["a"])])
     with pytest.raises(ValueError, match="row 1: 1 responses, but row 0 of the same data source 'arithmetic' has 2"):
         run_eval(eval_config(f"data.path={ragged}"))
-    with pytest.raises(KeyError, match="no column 'answers' \\(data.response_key\\)"):
+    with pytest.raises(DataError, match="no column 'answers' \\(data.response_key\\)"):
         run_eval(eval_config(f"data.path={ragged}", "data.response_key=answers"))
     unscorable = write_generations(tmp_path / "unknown.parquet", [row("no/such/source", "1", ["#### 1"])])
     with pytest.raises(RewardFailure, match="1/1 reward computations failed"):

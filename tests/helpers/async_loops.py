@@ -51,3 +51,11 @@ class CalculatorLoop(AgentLoop):
         if sample.append_messages([{"role": "tool", "content": o.text} for o in outcomes]):
             await sample.generate(3)
             sample.stop("answered")
+
+
+class ThreeTokenLoop(AgentLoop):
+    """One model turn of at most 3 tokens (named in an agent loop config file by the tests)."""
+
+    async def run(self, sample) -> None:
+        await sample.generate(3)
+        sample.stop("answered")

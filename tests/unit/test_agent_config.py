@@ -31,6 +31,8 @@ def test_defaults_follow_verl_layout():
 @pytest.mark.parametrize("override, message", [
     ("data.return_raw_chat=false", "needs data.return_raw_chat=true"),
     ("actor_rollout_ref.rollout.multi_turn.format=hermez", "unknown tool-call format 'hermez'.*Did you mean 'hermes'"),
+    ("actor_rollout_ref.rollout.multi_turn.format=gpt-oss",
+     r"format=gpt-oss: verlx does not support the gpt-oss \(harmony\) tool-call format yet"),
     ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agnt", "unknown agent loop 'tool_agnt'"),
     ("actor_rollout_ref.rollout.agent.default_agent_loop=no.such:Loop", "default_agent_loop: .*cannot import Loop"),
     ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=0", "max_assistant_turns=0 must be >= 1"),
@@ -45,6 +47,36 @@ def test_bad_values_are_named(override, message):
     problems = agent_loop_problems(config(*ON, override))
     assert len(problems) == 1, problems
     assert re.search(message, problems[0]), problems[0]
+
+
+def test_verls_agent_loop_config_file_names_loops(tmp_path):
+    from verlx.rollout.agent.loop_config import agent_loop_class
+    from verlx.rollout.agent.loops import ToolAgentLoop
+
+    path = tmp_path / "agent.yaml"
+    path.write_text("- name: calc\n  _target_: verlx.rollout.agent.loops.ToolAgentLoop\n"
+                    "- name: mine\n  _target_: helpers.async_loops:ThreeTokenLoop\n")
+    key = f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}"
+    assert agent_loop_problems(config(*ON, key, "actor_rollout_ref.rollout.agent.default_agent_loop=calc")) == []
+    assert agent_loop_class("calc", str(path)) is ToolAgentLoop
+    assert agent_loop_class("single_turn_agent", str(path)).__name__ == "SingleTurnAgentLoop"  # the registry's
+    calls_tools = agent_loop_problems(config(key, "actor_rollout_ref.rollout.mode=async",
+                                             "actor_rollout_ref.rollout.agent.default_agent_loop=calc"))
+    assert len(calls_tools) == 1 and "default_agent_loop=calc calls tools" in calls_tools[0]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- name: collabllm_agent\n  _target_: recipe.collabllm.collabllm_agent_loop.CollabLLMAgentLoop\n",
+     r"collabllm_agent: .*verlx does not support veRL's own classes \(recipe.collabllm.collabllm_agent_loop\)"),
+    ("- name: x\n", r"entry 0 is \{'name': 'x'\}; expected \{name: ..., _target_"),
+    ("- name: x\n  _target_: helpers.async_loops.operands\n", r"x: agent loop 'x' .* is not an AgentLoop subclass"),
+])
+def test_a_bad_agent_loop_config_file_names_the_file_and_entry(tmp_path, text, message):
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    problems = agent_loop_problems(config(*ON, f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}"))
+    assert len(problems) == 1 and re.search(message, problems[0]), problems
+    assert "agent_loop_config_path" in problems[0]
 
 
 def test_vllm_tensor_parallel_is_refused():

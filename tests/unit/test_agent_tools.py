@@ -10,7 +10,8 @@ from typing import Literal
 import pytest
 
 from verlx.rollout.agent.builtin_tools import PythonTool, calculator
-from verlx.rollout.agent.parsers import TOOL_PARSERS, ToolCall
+from verlx.rollout.agent.execution import ToolExecutor
+from verlx.rollout.agent.parsers import TOOL_PARSERS, ParsedTurn, ToolCall
 from verlx.rollout.agent.sandbox import SandboxLimits, run_python
 from verlx.rollout.agent.tool_config import ToolConfigError, load_tools
 from verlx.rollout.agent.tools import TOOLS, FunctionTool, ToolSchemaError, check_arguments, tool, validate_schema
@@ -130,6 +131,35 @@ def test_missing_tool_file_names_the_key(tmp_path):
         load_tools(str(tmp_path / "nope.yaml"))
 
 
+def test_verls_gsm8k_tool_is_read_as_verlxs_and_answers_as_veRL_does(caplog):
+    """The tool file of veRL's GSM8K multi-turn examples (stored with the compatibility suite's scripts)."""
+    import logging
+    import os
+
+    from verlx.reward.gsm8k_tool import Gsm8kTool
+
+    caplog.set_level(logging.INFO)
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "verl_scripts", "2026-01", "configs",
+                        "examples", "sglang_multiturn", "config", "tool_config", "gsm8k_tool_config.yaml")
+    tool = load_tools(path)["calc_gsm8k_reward"]
+    assert isinstance(tool, Gsm8kTool) and "A tool for calculating the reward of gsm8k. (1.0" in \
+        tool.schema["function"]["description"]  # the file's own schema
+    assert "tool class verl.tools.gsm8k_tool.Gsm8kTool (veRL's) is read as verlx's" in caplog.text
+    kwargs = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}
+    executor = ToolExecutor({"calc_gsm8k_reward": tool}, max_parallel_calls=2, timeout_s=5.0,
+                            max_response_chars=256, truncate_side="middle")
+    try:
+        outcomes = asyncio.run(executor.run(ParsedTurn(calls=[
+            ToolCall("calc_gsm8k_reward", {"answer": "72"}), ToolCall("calc_gsm8k_reward", {"answer": "#### 7,2"})]),
+            kwargs))
+        wrong = asyncio.run(executor.run(ParsedTurn(calls=[ToolCall("calc_gsm8k_reward", {"answer": "70"})]), kwargs))
+    finally:
+        executor.close()
+    assert [o.text for o in outcomes] == ["Current parsed answer='72' reward=1.0",
+                                          "Current parsed answer='#### 7,2' reward=1.0"]  # commas dropped, as veRL
+    assert wrong[0].text == "Current parsed answer='70' reward=0.0"
+
+
 def test_hermes_parser():
     parse = TOOL_PARSERS.get("hermes")
     turn = parse('a <tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call> b '
@@ -140,6 +170,13 @@ def test_hermes_parser():
     assert bad.calls == [] and len(bad.malformed) == 3
     assert bad.malformed[0].startswith("not valid JSON") and "string 'name'" in bad.malformed[1]
     assert "without </tool_call>" in bad.malformed[2]
+
+
+def test_sglangs_qwen_format_names_read_qwen_tool_calls():
+    """Older veRL scripts set multi_turn.format=qwen (SGLang's name of Qwen 2.5's parser): hermes's format."""
+    text = '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</tool_call>'
+    for name in ("qwen", "qwen25"):
+        assert TOOL_PARSERS.get(name)(text).calls == [ToolCall("calc", {"expression": "1+2"})]
 
 
 def test_llama3_json_parser():

@@ -67,6 +67,22 @@ def test_single_turn_agent_loop_gives_the_synchronous_batch(engine, meta):
     assert lengths.min() >= 1 and len(sync) == 6 * meta.get("n", 1)
 
 
+def test_a_loop_named_in_verls_agent_loop_config_file_runs(engine, tmp_path):
+    """rollout.agent.agent_loop_config_path (veRL's {name, _target_} list): default_agent_loop names its entry."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("- name: three_tokens\n  _target_: helpers.async_loops.ThreeTokenLoop\n")
+    agent = dataclasses.replace(engine.config.agent, default_agent_loop="three_tokens",
+                                agent_loop_config_path=str(path))
+    prompts = with_meta(ragged_prompts(4, 16, seed=3), do_sample=False, seed=7)
+    sync = engine.generate(prompts)
+    short = runner_for(dataclasses.replace(engine.config, agent=agent)).generate(engine, prompts)
+    lengths = short.batch["response_mask"].sum(-1)
+    assert lengths.max() == 3 and torch.equal(lengths, sync.batch["response_mask"].sum(-1).clamp(max=3))
+    # greedy: the first 3 tokens of the full single-turn responses
+    assert torch.equal(short.batch["responses"][:, :3] * (lengths[:, None] > torch.arange(3)),
+                       sync.batch["responses"][:, :3] * (lengths[:, None] > torch.arange(3)))
+
+
 class RoundsStream(RequestStream):
     """An engine double: sample k's request finishes after rounds[k] steps with rounds[k] tokens."""
 

@@ -147,3 +147,42 @@ def test_an_older_verl_command_line_runs_through_the_entry_point(tmp_path):
     assert re.search(r"^ray_kwargs:\n  ray_init:\n    num_cpus: 4$", out, re.M)
     assert "WARNING" in result.stderr
     assert "'ray_init.num_cpus=4' is read as 'ray_kwargs.ray_init.num_cpus=4'" in result.stderr
+
+
+# ---------------------------------------------------------------------- veRL's own launch-script shapes
+def test_verls_config_path_flag_names_verlx_configs(tmp_path):
+    """`--config-path=config --config-name=ppo_megatron_trainer`, as veRL's scripts write it for veRL's configs."""
+    out = printed_job_config(run_module(["--config-path=config", "--config-name=ppo_megatron_trainer",
+                                         "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2", "--cfg", "job"],
+                                        cwd=tmp_path))
+    assert re.search(r"^    strategy: megatron$", out, re.M)
+    assert re.search(r"^  ref:\n(    .*\n)*    megatron:\n      tensor_model_parallel_size: 2$", out, re.M)
+
+
+def test_a_scripts_own_yaml_composes_on_verlx_and_its_verl_keys_are_translated(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "my_trainer.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl/trainer/config\n\ndefaults:\n  - ppo_trainer\n  - _self_\n\n"
+        "data:\n  max_prompt_length: 77\nactor_rollout_ref:\n  actor:\n    fsdp_config:\n"
+        "      ulysses_sequence_parallel_size: 2\n")
+    result = run_module(["--config-path=config", "--config-name=my_trainer", "model_engine=dp",
+                         "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3",
+                         "trainer.use_legacy_worker_impl=disable", "--cfg", "job"], cwd=tmp_path)
+    out = printed_job_config(result)
+    assert re.search(r"^  max_prompt_length: 77$", out, re.M)
+    assert re.search(r"^    ulysses_sequence_parallel_size: 2$", out, re.M) and "fsdp_config:\n      ulysses" not in out
+    assert "attention_backend: fa3" in out
+    assert "is read as actor_rollout_ref.actor.ulysses_sequence_parallel_size" in result.stderr
+    assert "'trainer.use_legacy_worker_impl=disable' is ignored: verlx has one worker implementation" in result.stderr
+
+
+def test_a_refused_key_in_a_scripts_yaml_fails_naming_file_and_line(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "dapo.yaml").write_text("defaults:\n  - ppo_trainer\n  - _self_\n\n"
+                                                   "data:\n  min_response_length: 64\n")
+    result = run_module(["--config-path=config", "--config-name=dapo", "--cfg", "job"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert (f"data.min_response_length=64 (set at {tmp_path}/config/dapo.yaml:6): verlx does not support a minimum "
+            "response length") in result.stderr
+    assert "Could not override" not in result.stderr
+    assert_no_traceback(result)

@@ -205,6 +205,20 @@ def test_without_micro_batch_sizes_the_default_is_token_budget_batches():
     assert [dynamic for _, _, dynamic in fixed] == [False, False]
 
 
+def test_verls_clip_ratio_low_of_one_or_more_means_no_lower_clip():
+    validate(_arith(**{"actor_rollout_ref.actor.clip_ratio_low": 10.0,
+                       "actor_rollout_ref.actor.policy_loss.loss_mode": "cispo"}), check_files=False)
+    with pytest.raises(ConfigError, match=r"clip_ratio_low=-0.1 must be >= 0"):
+        validate(_arith(**{"actor_rollout_ref.actor.clip_ratio_low": -0.1}), check_files=False)
+
+
+def test_filter_groups_metric_may_be_null_while_dynamic_sampling_is_off():
+    validate(_arith(**{"algorithm.filter_groups.metric": "null"}), check_files=False)
+    with pytest.raises(ConfigError, match=r"filter_groups.enable=true needs algorithm.filter_groups.metric"):
+        validate(_arith(**{"algorithm.filter_groups.metric": "null", "algorithm.filter_groups.enable": "true"}),
+                 check_files=False)
+
+
 def test_tensor_parallel_must_divide_world():
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=4 must divide the world size 2"):
         validate(_arith(**{"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}), check_files=False)

@@ -83,6 +83,21 @@ def test_token_budget_below_the_longest_sequence_is_an_error():
     assert "log_prob_max_token_len_per_gpu" not in text
 
 
+def test_a_verl_per_gpu_budget_under_ulysses_is_named_as_such():
+    """veRL's DAPO NPU scripts set ppo_max_token_len_per_gpu = (prompt + response) / ulysses size: veRL's per-GPU
+    share, which verlx (reading the whole micro-batch) refuses naming the difference."""
+    text = _problems(_cfg(**{"actor_rollout_ref.actor.use_dynamic_bsz": "true",
+                             "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
+                             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 768}))
+    assert ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=768: verlx does not support per-GPU token budgets "
+            "under Ulysses yet: veRL reads it as each GPU's share of a micro-batch (768 × "
+            "ulysses_sequence_parallel_size=2 = 1536 tokens)") in text
+    short = _problems(_cfg(**{"actor_rollout_ref.actor.use_dynamic_bsz": "true",
+                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
+                              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 700}))
+    assert "ppo_max_token_len_per_gpu=700 is smaller than the longest possible sequence" in short  # short for veRL too
+
+
 def test_token_budget_is_ignored_without_dynamic_batches_and_checked_for_the_critic():
     validate(_cfg(**{"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 100}), check_files=False)
     text = _problems(_cfg(**{"algorithm.adv_estimator": "gae", "critic.use_dynamic_bsz": "true",

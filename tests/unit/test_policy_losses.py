@@ -95,6 +95,17 @@ def test_cispo_gradient_flows_through_log_prob_only():
     assert metrics["pg_clipfrac"] == pytest.approx(2 / 3)
 
 
+def test_cispo_with_verls_clip_ratio_low_of_10_has_no_lower_clip():
+    """veRL's CISPO example sets clip_ratio_low=10: the weight's lower bound 1 - 10 is below any ratio."""
+    config = ActorConfig(clip_ratio=0.2, clip_ratio_low=10.0, clip_ratio_high=0.28)
+    old, logp, a, m = inputs([-0.5, -2.0, -1.0], ratio=[1.5, 0.05, 1.0], advantages=[1, -1, 2], mask=[1, 1, 1])
+    loss, metrics, grad = run("cispo", old, logp, a, m, config)
+    # weights 1.28 (upper clip), 0.05 (not raised to a lower bound), 1.0: losses 0.64, -0.05*2 = -0.1, 2 -> 2.54 / 3
+    assert loss == pytest.approx(2.54 / 3)
+    assert grad == pytest.approx([-1.28 / 3, 0.05 / 3, -2 / 3])
+    assert metrics["pg_clipfrac"] == pytest.approx(1 / 3)
+
+
 def test_gpg_loss():
     old, logp, a, m = inputs([-0.5, -2.0, -7.0], ratio=[1.0, 1.0, 1.0], advantages=[1, -1, 5], mask=[1, 1, 0])
     loss, metrics, grad = run("gpg", old, logp, a, m, ActorConfig())

@@ -73,8 +73,24 @@ def custom(tmp_path, body: str, name: str = "compute_score", **kwargs):
 
 
 def test_registry():
-    assert REWARD_MANAGERS.names() == ["dapo", "naive"]
+    assert REWARD_MANAGERS.names() == ["dapo", "gdpo", "naive"]
     assert REWARD_MANAGERS.get("dapo") is DAPORewardManager
+
+
+def test_gdpo_manager_tells_the_reward_function_the_experiment_name(tmp_path, tokenizer):
+    """veRL 2026's GDPO example picks the chat format by extra_info['experiment_name'] (its rlla.py)."""
+    fn = custom(
+        tmp_path,
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    fmt = 1.0 if 'qwen' in extra_info['experiment_name'] else 0.0\n"
+        "    return {'score': fmt + extra_info['index'], 'format_reward': fmt}\n",
+    )
+    batch = make_batch(tokenizer, ["ab3", "ab4"], ["3", "3"])
+    gdpo = REWARD_MANAGERS.get("gdpo")
+    with gdpo(tokenizer, fn, config=RewardConfig(num_workers=0), experiment_name="qwen3_8b_gdpo") as manager:
+        result = manager(batch)
+    assert result.extra["score"].tolist() == [1.0, 2.0] and result.extra["format_reward"].tolist() == [1.0, 1.0]
+    assert batch.non_tensor_batch["extra_info"][0] == {"index": 0}  # the batch's own extra_info is not touched
 
 
 @pytest.mark.parametrize("use_response_mask", [True, False])

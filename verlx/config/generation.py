@@ -11,7 +11,7 @@ from verlx.config.run import RayKwargsConfig
 
 @dataclass
 class GenerationDataConfig:
-    path: str = "~/data/gsm8k/test.parquet"
+    path: str | list[str] = "~/data/gsm8k/test.parquet"
     prompt_key: str = "prompt"
     n_samples: int = 1
     output_path: str | None = None

@@ -151,27 +151,18 @@ def load_yaml(
     config_name: str = "ppo_trainer", overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR,
     schema: type | None = None,
 ):
-    """Compose a config the way the Hydra entry point does (same YAML, same override grammar, older veRL keys
-    upgraded with a warning)."""
-    from hydra import compose, initialize_config_dir
+    """Compose a config the way the entry points do (same YAML, same override grammar, the veRL compatibility table
+    applied: older and differently named veRL keys read with a note, refused and unknown keys reported)."""
+    from omegaconf import OmegaConf
 
-    overrides = upgraded_overrides(overrides, schema)
-    check_override_keys(overrides, config_name, schema)
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name=config_name, overrides=overrides)
-
-
-def upgraded_overrides(overrides: Sequence[str], schema: type | None = None) -> list[str]:
-    """Overrides of older veRL command lines rewritten to today's keys; each rewrite is logged as a warning."""
-    from verlx.config.legacy_keys import upgrade_overrides
+    from verlx.config.verl_compat.compose import compose_dict
 
     if schema is None:
         from verlx.config.schema import PPOConfig as schema
 
-    upgraded, warnings = upgrade_overrides(overrides, schema)
-    for warning in warnings:
-        logger.warning(warning)
-    return upgraded
+    container, report = compose_dict(config_name, overrides, schema, config_dir)
+    report.log()
+    return OmegaConf.create(container)
 
 
 def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_trainer", schema: type | None = None) -> None:
@@ -190,14 +181,14 @@ def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_traine
         key = override.key_or_group
         if key.startswith("hydra.") or key == "hydra":
             continue
-        problem = _unknown_key_problem(schema, key.split("."), assigns_value=not isinstance(override.value(), dict))
+        problem = unknown_key_problem(schema, key.split("."), assigns_value=not isinstance(override.value(), dict))
         if problem:
             problems.append(problem)
     if problems:
         raise ConfigError(problems)
 
 
-def _unknown_key_problem(cls, parts: list[str], assigns_value: bool = False) -> str | None:
+def unknown_key_problem(cls, parts: list[str], assigns_value: bool = False) -> str | None:
     """Why `parts` is no key of `cls`, or (`assigns_value`) names a section rather than a value; None when fine."""
     problem = _unknown_key_text(cls, parts, assigns_value)
     if problem is None or not problem.startswith("unknown key '"):

@@ -16,11 +16,15 @@ from dataclasses import dataclass
 from verlx.config.loader import CONFIG_DIR
 
 KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*|'[^']+'):\s*(?P<value>.*?)\s*$")
-# `- group@package: option` or `- group: option` in a defaults list (a plain `- name` is a config or _self_)
-GROUP_ENTRY = re.compile(r"^\s+-\s+(?P<group>[\w/]+)(?:@(?P<package>[\w.]+))?\s*:\s*(?P<option>[\w/]+)\s*$")
+# `- group@package: option`, `- group: option` or `- override group: option` in a defaults list (a plain `- name` is
+# a config or _self_)
+GROUP_ENTRY = re.compile(r"^\s+-\s+(?:override\s+)?(?P<group>[\w/]+)(?:@(?P<package>[\w.]+))?\s*:\s*"
+                         r"(?P<option>[\w/]+)\s*$")
+# A group file's own package, `# @package _global_` on its first line (its keys are then at the root)
+PACKAGE_HEADER = re.compile(r"^#\s*@package\s+(?P<package>\S+)")
 # Files in the order the reference page shows them.
 CONFIG_FILES = ("ppo_trainer.yaml", "ppo_megatron_trainer.yaml", "generation.yaml", "evaluation.yaml",
-                "sft_trainer.yaml")
+                "sft_trainer.yaml", "fsdp_sft_trainer.yaml", "sft_trainer_engine.yaml")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ def key_docs(yaml_path: str) -> list[KeyDoc]:
     docs, stack, comment = [], [], []
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
+        if PACKAGE_HEADER.match(stripped):
+            continue
         if stripped.startswith("#"):
             comment.append(stripped.lstrip("#").strip())
             continue
@@ -89,11 +95,17 @@ def group_entries(yaml_path: str) -> list[GroupEntry]:
                              "list it before _self_")
         if match:
             group = match.group("group")
-            entries.append(GroupEntry(match.group("package") or group.replace("/", "."),
-                                      os.path.join(os.path.dirname(yaml_path), group, match.group("option") + ".yaml"),
-                                      " ".join(comment), number))
+            path = os.path.join(os.path.dirname(yaml_path), group, match.group("option") + ".yaml")
+            package = match.group("package") or _header_package(path) or group.replace("/", ".")
+            entries.append(GroupEntry("" if package == "_global_" else package, path, " ".join(comment), number))
         comment = []
     return entries
+
+
+def _header_package(path: str) -> str | None:
+    with open(path) as f:
+        match = PACKAGE_HEADER.match(f.readline().strip())
+    return match.group("package") if match else None
 
 
 def composed_docs(yaml_path: str) -> list[KeyDoc]:
@@ -103,6 +115,9 @@ def composed_docs(yaml_path: str) -> list[KeyDoc]:
     keys."""
     root = _tree(key_docs(yaml_path))
     for entry in group_entries(yaml_path):
+        if not entry.package:  # a _global_ group: merged into the file's sections, which keep their order
+            root = _merge_global(_tree(key_docs(entry.path)), root)
+            continue
         *parents, name = entry.package.split(".")
         parent = root
         for part in parents:
@@ -129,6 +144,13 @@ def _merge(group: tuple, own: tuple) -> tuple:
     children = {k: _merge(sub, own[1][k]) if k in own[1] else sub for k, sub in group[1].items()}
     children.update({k: sub for k, sub in own[1].items() if k not in children})
     return own[0], children
+
+
+def _merge_global(group: tuple, own: tuple) -> tuple:
+    """The keys only the group has first, then the file's keys in its order (shared sections merged alike)."""
+    children = {k: sub for k, sub in group[1].items() if k not in own[1]}
+    children.update({k: _merge_global(group[1][k], sub) if k in group[1] else sub for k, sub in own[1].items()})
+    return own[0] or group[0], children
 
 
 def _flatten(children: dict, prefix: str) -> list[KeyDoc]:
@@ -170,4 +192,7 @@ def render(config_dir: str = CONFIG_DIR) -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.strip().splitlines()[0]).parse_args()
     sys.stdout.write(render())

@@ -124,6 +124,7 @@ class AgentLoopConfig:
 
     num_workers: int = 8
     default_agent_loop: str = "single_turn_agent"
+    agent_loop_config_path: str | None = None
 
 
 @dataclass

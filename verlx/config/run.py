@@ -102,7 +102,7 @@ class KLControlConfig:
 @dataclass
 class FilterGroupsConfig:
     enable: bool = False
-    metric: str = "score"
+    metric: str | None = "score"
     max_num_gen_batches: int = 10
 
 
@@ -194,7 +194,9 @@ class RolloutResourcesConfig:
 @dataclass
 class RayInitConfig:
     num_cpus: int | None = None
+    num_gpus: int | None = None
     address: str | None = None
+    runtime_env: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

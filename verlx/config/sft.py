@@ -13,6 +13,17 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
+class MultiTurnSFTConfig:
+    """data.multiturn: rows are conversations (veRL's multi-turn SFT data)."""
+
+    enable: bool = False
+    messages_key: str = "messages"
+    tools_key: str = "tools"
+    enable_thinking_key: str = "enable_thinking"
+    enable_thinking_default: bool | None = None
+
+
+@dataclass
 class SFTDataConfig:
     train_files: str | list[str] = "~/data/arithmetic/train.parquet"
     val_files: str | list[str] | None = "~/data/arithmetic/test.parquet"
@@ -26,6 +37,9 @@ class SFTDataConfig:
     truncation: str = "error"
     train_batch_size: int = 32
     micro_batch_size_per_gpu: int = 32
+    use_dynamic_bsz: bool = False
+    max_token_len_per_gpu: int = 8192
+    multiturn: MultiTurnSFTConfig = field(default_factory=MultiTurnSFTConfig)
     shuffle: bool = True
     val_batch_size: int = 250
     val_max_new_tokens: int = 32
@@ -38,6 +52,18 @@ class SFTModelConfig:
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
+    use_remove_padding: bool = False
+    ulysses_sequence_parallel_size: int = 1
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: str | list[str] = "all-linear"
+    exclude_modules: str | list[str] | None = None
+    lora_adapter_path: str | None = None
+
+    @property
+    def packed(self) -> bool:
+        """Micro-batches run as one packed row of real tokens (needed by Ulysses sequence parallelism)."""
+        return self.use_remove_padding or self.ulysses_sequence_parallel_size > 1
 
 
 @dataclass
@@ -61,6 +87,9 @@ class SFTTrainerConfig:
     total_training_steps: int | None = 600
     log_freq: int = 20
     test_freq: int = 100
+    save_freq: int = -1
+    max_ckpt_to_keep: int | None = None
+    resume_mode: str = "auto"
     target_val_accuracy: float | None = None
     logger: str | list[str] = field(default_factory=lambda: ["console", "file"])
     seed: int = 1

@@ -104,19 +104,31 @@ def render_prompts(rows: ParquetRows, tokenizer, prompt_key: str, chat_kwargs: d
 
 @dataclass
 class TokenizedSFT:
-    """Right-padded token ids of prompt + response + end token, with each row's lengths (host arrays)."""
+    """Right-padded token ids of each row, with its lengths (host arrays). A prompt-response row's loss tokens are
+    those after its prompt; a conversation's (sft_conversations.py) are marked one by one in `loss_mask`."""
 
     input_ids: np.ndarray  # [rows, longest] int64, padded with pad_id
     lengths: np.ndarray  # [rows] tokens in the row
-    prompt_lengths: np.ndarray  # [rows] tokens before the first response token
+    prompt_lengths: np.ndarray  # [rows] tokens before the first loss token
     pad_id: int
+    loss_mask: np.ndarray | None = None  # [rows, longest] bool: the tokens that carry loss (None: after the prompt)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     @property
     def response_lengths(self) -> np.ndarray:
+        """Loss tokens per row."""
+        if self.loss_mask is not None:
+            return self.loss_mask.sum(axis=1).astype(np.int64)
         return self.lengths - self.prompt_lengths
+
+    def loss_tokens(self, indices: np.ndarray, width: int) -> np.ndarray:
+        """[len(indices), width] bool: which tokens of these rows carry loss."""
+        if self.loss_mask is not None:
+            return self.loss_mask[indices, :width]
+        t = np.arange(width)
+        return (t[None, :] >= self.prompt_lengths[indices, None]) & (t[None, :] < self.lengths[indices, None])
 
 
 def tokenize_sft(
@@ -162,17 +174,17 @@ def tokenize_sft(
 
 
 def collate(data: TokenizedSFT, indices: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
-    """A right-padded micro-batch plus the flat positions whose next token is a response token (the loss targets).
+    """A right-padded micro-batch plus the flat positions whose next token carries loss (the loss targets).
 
-    Position t predicts token t+1, so a row with prompt length P and length L contributes positions P-1 .. L-2;
-    `response_positions` index the flattened [batch * width] hidden states.
+    Position t predicts token t+1, so a prompt-response row with prompt length P and length L contributes positions
+    P-1 .. L-2; `response_positions` index the flattened [batch * width] hidden states.
     """
     lengths = data.lengths[indices]
-    prompt_lengths = data.prompt_lengths[indices]
     width = int(lengths.max())
     ids = data.input_ids[indices, :width]
     t = np.arange(width)
-    target_mask = (t[None, :] >= prompt_lengths[:, None] - 1) & (t[None, :] < lengths[:, None] - 1)
+    target_mask = np.zeros(ids.shape, dtype=bool)
+    target_mask[:, :-1] = data.loss_tokens(indices, width)[:, 1:]
     positions = np.flatnonzero(target_mask)
     targets = ids.reshape(-1)[positions + 1]
     batch = {
@@ -184,3 +196,39 @@ def collate(data: TokenizedSFT, indices: np.ndarray, device: torch.device) -> di
     if (lengths != width).any():
         batch["attention_mask"] = torch.from_numpy((t[None, :] < lengths[:, None]).astype(np.int64))
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def collate_packed(data: TokenizedSFT, indices: np.ndarray, device: torch.device, sp_rank: int = 0,
+                   sp_size: int = 1) -> dict[str, torch.Tensor]:
+    """The micro-batch's real tokens as one packed row, padded to a multiple of `sp_size`, and this SP rank's
+    slice of it (Ulysses); `response_positions` index that slice: the loss tokens predicted from it, so the SP
+    ranks' losses sum to the micro-batch's. `cu_seqlens` marks the rows (and the padding tail) for varlen
+    attention."""
+    lengths = data.lengths[indices]
+    width = int(lengths.max())
+    real = data.input_ids[indices, :width][np.arange(width)[None, :] < lengths[:, None]]
+    loss = data.loss_tokens(indices, width)[np.arange(width)[None, :] < lengths[:, None]]
+    total = -(-len(real) // sp_size) * sp_size
+    tail = total - len(real)
+    ids = np.concatenate([real, np.full(tail, data.pad_id, dtype=np.int64)])
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    positions = np.concatenate([np.arange(len(real)) - starts, np.arange(tail)])
+    seq_lens = [*lengths.tolist(), *([tail] if tail else [])]
+    cu_seqlens = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
+    cu_seqlens[1:] = torch.tensor(seq_lens).cumsum(0)
+    is_target = np.zeros(total, dtype=bool)
+    is_target[: len(real) - 1] = loss[1:]
+    is_target[np.cumsum(lengths) - 1] = False  # a row's last token predicts nothing of that row
+    local = total // sp_size
+    piece = slice(sp_rank * local, (sp_rank + 1) * local)
+    response_positions = np.flatnonzero(is_target[piece])
+    batch = {
+        "input_ids": torch.from_numpy(ids[piece][None].copy()),
+        "position_ids": torch.from_numpy(positions[piece][None].copy()),
+        "response_positions": torch.from_numpy(response_positions),
+        "targets": torch.from_numpy(ids[piece.start + response_positions + 1]),
+        "cu_seqlens": cu_seqlens,
+    }
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    out["cu_seqlens_host"] = cu_seqlens
+    return out

@@ -143,8 +143,10 @@ class NaiveRewardManager:
         purpose: str = "train",
         overlong_keys: tuple[str, str] = ("reward_model.overlong_buffer", "data.max_response_length"),
         rm_score_use: str = "reward",
+        experiment_name: str | None = None,
     ):
         self.tokenizer = tokenizer
+        self.experiment_name = experiment_name
         self.purpose = PURPOSES[purpose]
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
@@ -382,6 +384,20 @@ def overlong_shaping(config) -> tuple[OverlongBufferConfig, int | None, tuple[st
             ("reward_model.overlong_buffer", "data.max_response_length"))
 
 
+@REWARD_MANAGERS.register("gdpo")
+class GDPORewardManager(NaiveRewardManager):
+    """veRL's GDPO manager: naive scoring, with the run's trainer.experiment_name in every extra_info (veRL's GDPO
+    example reward function picks the chat format by it). The GDPO estimator normalises the reward function's
+    returned columns (algorithm.gdpo_reward_keys) as with any manager."""
+
+    def _calls(self, data: DataProto, texts: list[str]) -> list[dict]:
+        calls = super()._calls(data, texts)
+        for call in calls:
+            info = call["extra_info"] if isinstance(call["extra_info"], dict) else {}
+            call["extra_info"] = {**info, "experiment_name": self.experiment_name or ""}
+        return calls
+
+
 def build_reward_manager(config, tokenizer) -> NaiveRewardManager:
     """The manager a PPOConfig asks for: reward_model.reward_manager scoring with custom_reward_function (or
     the built-in scores), isolated per the reward section. With a reward model, its scores are the reward unless
@@ -397,4 +413,5 @@ def build_reward_manager(config, tokenizer) -> NaiveRewardManager:
         max_response_length=max_length,
         overlong_keys=keys,
         rm_score_use="extra_info" if config.custom_reward_function.path else "reward",
+        experiment_name=config.trainer.experiment_name,
     )

@@ -19,9 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from verlx.config.evaluation import EvaluationConfig
-from verlx.config.loader import (
-    ConfigError,
-)
+from verlx.config.loader import ConfigError, DataError
 from verlx.trainer.entrypoint import hydra_command
 from verlx.utils.paths import expand_path
 
@@ -51,14 +49,14 @@ def load_generations(config: EvaluationConfig) -> Generations:
     d = config.data
     path = expand_path(d.path, absolute=True)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"data.path: file {d.path!r} does not exist (write one with main_generation)")
+        raise DataError(f"data.path: file {d.path!r} does not exist (write one with main_generation)")
     table = read_parquet_table(path)
     columns = table.column_names
     for key, name in (("data.response_key", d.response_key), ("data.data_source_key", d.data_source_key)):
         if name not in columns:
-            raise KeyError(f"{path} has no column '{name}' ({key}); its columns are {sorted(columns)}")
+            raise DataError(f"{path} has no column '{name}' ({key}); its columns are {sorted(columns)}")
     if d.reward_model_key not in columns and not config.custom_reward_function.path:
-        raise KeyError(
+        raise DataError(
             f"{path} has no column '{d.reward_model_key}' (data.reward_model_key) with the ground truths the built-in "
             f"scores need; its columns are {sorted(columns)}. Name the right column or use custom_reward_function.path"
         )

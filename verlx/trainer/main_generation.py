@@ -35,8 +35,9 @@ RESPONSES_COLUMN = "responses"
 METADATA_KEY = b"verlx.generation_config"
 
 
-def default_output_path(data_path: str) -> str:
-    return f"{expand_path(data_path, absolute=True).removesuffix('.parquet')}.generations.parquet"
+def default_output_path(data_path: str | list[str]) -> str:
+    first = data_path if isinstance(data_path, str) else data_path[0]
+    return f"{expand_path(first, absolute=True).removesuffix('.parquet')}.generations.parquet"
 
 
 # ---------------------------------------------------------------------- checks
@@ -48,7 +49,8 @@ def validate(config: GenerationConfig) -> None:
 
     d, r, t = config.data, config.rollout, config.trainer
     f = Findings()
-    f.require(os.path.isfile(expand_path(d.path, absolute=True)), f"data.path: file {d.path!r} does not exist")
+    for path in [d.path] if isinstance(d.path, str) else d.path:
+        f.require(os.path.isfile(expand_path(path, absolute=True)), f"data.path: file {path!r} does not exist")
     model_dir = expand_path(config.model.path, absolute=True)
     f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
               f"model.path: {config.model.path!r} is not a HuggingFace model directory (no config.json)")
@@ -209,7 +211,7 @@ def run_generation(config: GenerationConfig) -> str:
     import ray
 
     from verlx.config.hf_paths import resolve_model_paths
-    from verlx.data.parquet import read_parquet_table
+    from verlx.data.sft_dataset import read_parquet_rows
     from verlx.rollout.base import resolve_engine_name
     from verlx.single_controller.ray import RayClassWithInitArgs, RayResourcePool
     from verlx.trainer.ray_startup import start_ray, use_gpus
@@ -225,11 +227,7 @@ def run_generation(config: GenerationConfig) -> str:
     m = config.model
     tokenizer = load_tokenizer(expand_path(m.tokenizer_path or m.path, absolute=True), m.trust_remote_code,
                                m.custom_chat_template, "model.tokenizer_path" if m.tokenizer_path else "model.path")
-    table = read_parquet_table(expand_path(config.data.path, absolute=True))
-    if config.data.max_samples > 0:
-        table = table.slice(0, config.data.max_samples)
-    if table.num_rows == 0:
-        raise ValueError(f"data.path {config.data.path!r} has no rows to generate for")
+    table = read_parquet_rows(config.data.path, config.data.max_samples, "data.path").table
     ids = tokenize_prompts(table, config, tokenizer)
     logger.info("generating %d × %d responses with the %s engine on %d workers", len(ids), config.data.n_samples,
                 config.rollout.name, config.trainer.nnodes * config.trainer.n_gpus_per_node)

@@ -1,24 +1,25 @@
 """SFT entry point: `python -m verlx.trainer.main_sft key=value ...` (Hydra override grammar, sft_trainer.yaml).
 
-Runs in this process alone (world size 1), or as one of `torchrun --nproc_per_node=N` processes.
+Runs in this process alone (world size 1), or as one of `torchrun --nproc_per_node=N` processes. veRL's SFT entry
+points run the same trainer: verlx.trainer.fsdp_sft_trainer (fsdp_sft_trainer.yaml) and verlx.trainer.sft_trainer
+(sft_trainer_engine.yaml), each with veRL's defaults and keys (docs/verl_compat.md).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 
 from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.sft import SFTConfig
+from verlx.trainer.entrypoint import hydra_command
 from verlx.trainer.preflight_sft import validate_sft
 from verlx.utils.distributed import free_port
-from verlx.utils.errors import reported_errors
 
 
-def load_sft_config(overrides: Sequence[str] = ()) -> SFTConfig:
-    """sft_trainer.yaml + overrides → SFTConfig; unknown keys fail with a did-you-mean."""
-    return build(SFTConfig, to_container(load_yaml("sft_trainer", overrides, schema=SFTConfig)))
+def load_sft_config(overrides: Sequence[str] = (), config_name: str = "sft_trainer") -> SFTConfig:
+    """sft_trainer.yaml (or `config_name`) + overrides → SFTConfig; unknown keys fail with a did-you-mean."""
+    return build(SFTConfig, to_container(load_yaml(config_name, overrides, schema=SFTConfig)))
 
 
 def _single_process_env() -> None:
@@ -60,12 +61,12 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         dist.destroy_process_group()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Errors print their message alone (verlx.utils.errors): config and data errors exit with 2 (on every rank that
-    finds them), a signal with 128 + its number."""
-    with reported_errors():
-        run_sft(load_sft_config(sys.argv[1:] if argv is None else argv))
+def sft_command(config_name: str):
+    """The `main()` of an SFT entry point composing `config_name` (Hydra flags, --cfg job, veRL's keys)."""
+    return hydra_command(config_name, SFTConfig, run_sft)
 
+
+main = sft_command("sft_trainer")
 
 if __name__ == "__main__":
     main()

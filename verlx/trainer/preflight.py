@@ -206,8 +206,12 @@ def check_algorithm(cfg: PPOConfig, f: Findings) -> None:
         )
     actor = arr.actor
     f.require(actor.clip_ratio_c > 1.0, f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1")
-    f.require(0 <= actor.clip_low < 1, f"actor clip_ratio_low={actor.clip_low} must be in [0, 1)")
+    f.require(actor.clip_low >= 0, f"actor clip_ratio_low={actor.clip_low} must be >= 0 (1 or more: no lower "
+              "clip, as in veRL: the ratio is never below 1 - clip_ratio_low <= 0)")
     f.require(actor.clip_high >= 0, f"actor clip_ratio_high={actor.clip_high} must be >= 0")
+    f.require(not a.filter_groups.enable or bool(a.filter_groups.metric),
+              "algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric (score, seq_reward, "
+              "seq_final_reward, or a key of the reward function's extra info)")
     r = arr.rollout
     f.require(r.temperature >= 0, f"actor_rollout_ref.rollout.temperature={r.temperature} must be >= 0")
     f.require(0 < r.top_p <= 1, f"actor_rollout_ref.rollout.top_p={r.top_p} must be in (0, 1]")
@@ -222,6 +226,7 @@ def check_unsupported(cfg: PPOConfig, f: Findings) -> None:
     for key, ckpt in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.checkpoint),
                       ("critic", cfg.critic.checkpoint)):
         f.require(not ckpt.async_save, f"{key}.checkpoint.async_save=true is not supported yet; set it to false")
+    f.choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
     f.require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
               f"trainer.nnodes={t.nnodes} and trainer.n_gpus_per_node={t.n_gpus_per_node} must be >= 1")
     if t.resume_mode == "resume_path":
@@ -234,7 +239,9 @@ def check_unsupported(cfg: PPOConfig, f: Findings) -> None:
         f.require(peft_available(), f"actor_rollout_ref.model.lora_rank={model.lora_rank} needs the peft package: "
                   f"{INSTALL_HINT}")
         f.require(cfg.actor_rollout_ref.actor.strategy in ("fsdp", "fsdp2"),
-                  f"actor_rollout_ref.model.lora_rank={model.lora_rank} is supported with the fsdp strategy only")
+                  f"actor_rollout_ref.model.lora_rank={model.lora_rank} with actor_rollout_ref.actor.strategy="
+                  f"{cfg.actor_rollout_ref.actor.strategy}: verlx does not support megatron LoRA yet (its LoRA is "
+                  "PEFT on the fsdp strategy)")
     loggers = t.loggers
     from verlx.utils.tracking import LOGGERS
 
@@ -317,8 +324,17 @@ def check_token_budgets(cfg: PPOConfig, f: Findings) -> None:
     data = cfg.data
     longest = data.max_prompt_length + data.max_response_length
     for key, budget, dynamic in dynamic_phases(cfg):
-        f.require(
-            not dynamic or budget is None or budget >= longest,
+        if not dynamic or budget is None or budget >= longest:
+            continue
+        sp = (cfg.critic if key.startswith("critic.") else cfg.actor_rollout_ref.actor).ulysses_sequence_parallel_size
+        if budget * sp >= longest:  # veRL's reading: each GPU's share of a micro-batch split over the Ulysses group
+            f.problems.append(
+                f"{key}={budget}: verlx does not support per-GPU token budgets under Ulysses yet: veRL reads it as "
+                f"each GPU's share of a micro-batch ({budget} × ulysses_sequence_parallel_size={sp} = {budget * sp} "
+                f"tokens), verlx as the whole micro-batch's, which must hold the longest possible sequence "
+                f"({longest} tokens); set it to at least {longest}")
+            continue
+        f.problems.append(
             f"{key}={budget} is smaller than the longest possible sequence, data.max_prompt_length + "
             f"data.max_response_length = {data.max_prompt_length} + {data.max_response_length} = {longest} tokens; "
             f"a micro-batch must hold at least one sequence, so raise it to at least {longest}",

@@ -45,19 +45,31 @@ def _worker_env() -> dict[str, str]:
 
 
 def start_ray(config, use_gpu: bool) -> None:
-    """ray.init: join the cluster `cluster_address` names, or start a private instance for this run's workers."""
+    """ray.init with ray_init_kwargs(config): join the cluster `cluster_address` names, or start a private instance
+    for this run's workers."""
     import ray
 
     if ray.is_initialized():
         return
+    _init_keeping_sigterm_handler(ray, ray_init_kwargs(config))
+
+
+def ray_init_kwargs(config) -> dict:
+    """ray.init's arguments from ray_kwargs.ray_init: its runtime_env on top of the workers' environment (its
+    env_vars winning), then the cluster to join, or a private instance's num_cpus (at least one per worker process)
+    and num_gpus."""
     init = config.ray_kwargs.ray_init
-    kwargs = {"runtime_env": {"env_vars": _worker_env()}, "include_dashboard": False}
+    runtime_env = dict(init.runtime_env)
+    runtime_env["env_vars"] = {**_worker_env(),
+                               **{str(k): _env_value(v) for k, v in (init.runtime_env.get("env_vars") or {}).items()}}
+    kwargs = {"runtime_env": runtime_env, "include_dashboard": False}
     joined = cluster_address(config)
     if joined:
         address, source = joined
-        if init.num_cpus:
-            logger.warning("ray_kwargs.ray_init.num_cpus=%s is ignored: a cluster's resources are set by its "
-                           "`ray start` commands", init.num_cpus)
+        for key in ("num_cpus", "num_gpus"):
+            if getattr(init, key) is not None:
+                logger.warning("ray_kwargs.ray_init.%s=%s is ignored: a cluster's resources are set by its "
+                               "`ray start` commands", key, getattr(init, key))
         kwargs["address"] = address
         logger.info("joining the Ray cluster at %s (from %s)", address, source)
     else:
@@ -68,7 +80,14 @@ def start_ray(config, use_gpu: bool) -> None:
         kwargs.update(address="local", num_cpus=init.num_cpus or max(os.cpu_count() or 1, workers + 1))
         logger.info("starting a private Ray instance with %d CPUs (set ray_kwargs.ray_init.address or RAY_ADDRESS "
                     "to join a running cluster)", kwargs["num_cpus"])
-    _init_keeping_sigterm_handler(ray, kwargs)
+        if init.num_gpus is not None:
+            kwargs["num_gpus"] = init.num_gpus
+    return kwargs
+
+
+def _env_value(value) -> str:
+    """An environment value as the user wrote it (Hydra reads `true` as a boolean)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _init_keeping_sigterm_handler(ray, kwargs: dict) -> None:

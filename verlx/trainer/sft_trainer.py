@@ -1,18 +1,20 @@
-"""Supervised fine-tuning on FSDP2: one process per device, each a data-parallel shard of every global batch.
+"""Supervised fine-tuning on FSDP2: one process per device; Ulysses groups of consecutive processes share a data
+shard of every global batch (model.ulysses_sequence_parallel_size), each group a data-parallel shard.
 
-The loss is the mean NLL of all response tokens of the global batch: each micro-batch contributes its summed NLL
-divided by the batch's response-token count (known on the host from the data, so no collective is needed), and
-FSDP's gradient averaging is undone by the world size. One process and N processes therefore follow the same
-loss curve for the same global batch.
+The loss is the mean NLL of all loss tokens of the global batch: each micro-batch contributes its summed NLL
+divided by the batch's loss-token count (known on the host from the data, so no collective is needed), and FSDP's
+gradient averaging is undone by the world size (each rank of a Ulysses group sums the NLL of the tokens its slice
+predicts, so the group's gradients add up to its micro-batch's). One process and N processes therefore follow the
+same loss curve for the same global batch. Rows are prompt + response pairs, or conversations (data.multiturn,
+data/sft_conversations.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
-import os
-import shutil
 import time
 
 import numpy as np
@@ -20,14 +22,18 @@ import torch
 import torch.distributed as dist
 
 from verlx.config.sft import SFTConfig
+from verlx.data.sft_conversations import ConversationKeys, tokenize_conversations
 from verlx.data.sft_dataset import (
     TokenizedSFT,
     collate,
+    collate_packed,
     read_parquet_rows,
     render_prompts,
     tokenize_sft,
 )
 from verlx.models.response_nll import ResponseNLL
+from verlx.trainer.sft_batches import SFTLayout, plan_micro_batches
+from verlx.trainer.sft_checkpoints import keep_newest, step_dir, write_atomically
 from verlx.trainer.sft_eval import greedy_accuracy
 from verlx.trainer.stop_signals import Interrupted, StopSignals, signal_name
 from verlx.utils.cpu_threads import CpuThreads
@@ -83,13 +89,19 @@ def shard_model(model: ResponseNLL, device: torch.device, world_size: int) -> No
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from verlx.models.policy import decoder_layers
+
     mesh = init_device_mesh(device.type, (world_size,))
     kwargs = {"mesh": mesh}
     if device.type == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.lm.model.layers:
+    for layer in decoder_layers(model.decoder()):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def _nothing_saved_at_stop() -> str:
+    return "The model was not saved at the stop: an SFT run saves at trainer.save_freq steps and at the end."
 
 
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -99,23 +111,9 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in module.state_dict().items()}
 
 
-def write_atomically(directory: str, write) -> None:
-    """write(tmp_dir), then rename it to `directory` (an existing one is moved aside first, then removed)."""
-    directory = expand_path(directory, absolute=True)
-    os.makedirs(os.path.dirname(directory), exist_ok=True)
-    tmp, old = f"{directory}.tmp-{os.getpid()}", f"{directory}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
-    if os.path.exists(directory):
-        os.rename(directory, old)
-    os.rename(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig, rank: int, world_size: int, local_rank: int = 0):
-        from transformers import AutoModelForCausalLM
-
+        from verlx.models.ulysses import sequence_parallel_group
         from verlx.workers.tokenizer import checked_tokenizer
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -125,10 +123,38 @@ class SFTTrainer:
         self.cpu_threads = CpuThreads() if self.device.type == "cpu" else None
         torch.manual_seed(cfg.trainer.seed)
         m, d = cfg.model, cfg.data
+        self.layout = SFTLayout(rank, world_size, m.ulysses_sequence_parallel_size)
+        self.sp_group = sequence_parallel_group(self.layout.sp_size)[0] if dist.is_initialized() else None
         self.model_path = expand_path(m.partial_pretrain, absolute=True)
         self.tokenizer = checked_tokenizer(self.model_path, m.trust_remote_code, "model.partial_pretrain")
         self.eos_ids = stop_token_ids(self.tokenizer, self.model_path, m.trust_remote_code)
         self.save_dtype = checkpoint_dtype(self.model_path, m.trust_remote_code)
+        self.model = self._build_model()
+        shard_model(self.model, self.device, world_size)
+
+        self.train = self._tokenize(read_parquet_rows(d.train_files, d.train_max_samples, "data.train_files"))
+        self.batches = EpochBatches(len(self.train), d.train_batch_size, cfg.trainer.seed, d.shuffle)
+        t = cfg.trainer
+        self.total_steps = t.total_training_steps or t.total_epochs * self.batches.steps_per_epoch
+        self.val = self._load_val() if d.val_files else None
+
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=o.lr, betas=tuple(o.betas),
+            weight_decay=o.weight_decay,
+        )
+        warmup = int(o.lr_warmup_steps_ratio * self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_multiplier(o.lr_scheduler, self.total_steps, warmup, o.min_lr_ratio)
+        )
+        self.metrics = Tracking(t.loggers if rank == 0 else [], t.project_name, t.experiment_name,
+                                dataclasses.asdict(cfg), expand_path(t.output_dir))
+
+    def _build_model(self) -> ResponseNLL:
+        """The causal LM (with LoRA adapters when model.lora_rank > 0) wrapped for the loss."""
+        from transformers import AutoModelForCausalLM
+
+        m = self.cfg.model
         lm = AutoModelForCausalLM.from_pretrained(
             self.model_path,
             trust_remote_code=m.trust_remote_code,
@@ -138,13 +164,30 @@ class SFTTrainer:
         if m.enable_gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         lm.config.use_cache = False
-        self.lm_config = lm.config
-        self.num_params = sum(p.numel() for p in lm.parameters())
-        self.model = ResponseNLL(lm)
-        shard_model(self.model, self.device, world_size)
+        if m.ulysses_sequence_parallel_size > 1:
+            from verlx.models.ulysses import check_ulysses
 
-        rows = read_parquet_rows(d.train_files, d.train_max_samples, "data.train_files")
-        self.train = tokenize_sft(
+            check_ulysses(lm.config, m.ulysses_sequence_parallel_size, self.world_size,
+                          "model.ulysses_sequence_parallel_size")
+        # a copy: building the model to save or validate sets its attention on the config, which the trained model
+        # (packed attention) must not see
+        self.lm_config = copy.deepcopy(lm.config)
+        self.num_params = sum(p.numel() for p in lm.parameters())
+        self.lora = m.lora_rank > 0 or m.lora_adapter_path is not None
+        if self.lora:
+            from verlx.models.lora import apply_lora
+
+            lm = apply_lora(lm, m)
+        return ResponseNLL(lm, packed=m.packed, sp_group=self.sp_group)
+
+    def _tokenize(self, rows) -> TokenizedSFT:
+        d = self.cfg.data
+        if d.multiturn.enable:
+            mt = d.multiturn
+            keys = ConversationKeys(mt.messages_key, mt.tools_key, mt.enable_thinking_key, mt.enable_thinking_default)
+            return tokenize_conversations(rows, self.tokenizer, keys, max_length=d.max_length,
+                                          truncation=d.truncation, chat_kwargs=d.apply_chat_template_kwargs)
+        return tokenize_sft(
             rows,
             self.tokenizer,
             prompt_key=d.prompt_key,
@@ -154,25 +197,13 @@ class SFTTrainer:
             truncation=d.truncation,
             chat_kwargs=d.apply_chat_template_kwargs,
         )
-        self.batches = EpochBatches(len(self.train), d.train_batch_size, cfg.trainer.seed, d.shuffle)
-        t = cfg.trainer
-        self.total_steps = t.total_training_steps or t.total_epochs * self.batches.steps_per_epoch
-        self.val = self._load_val() if d.val_files else None
-
-        o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-        )
-        warmup = int(o.lr_warmup_steps_ratio * self.total_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_multiplier(o.lr_scheduler, self.total_steps, warmup, o.min_lr_ratio)
-        )
-        self.metrics = Tracking(t.loggers if rank == 0 else [], t.project_name, t.experiment_name,
-                                dataclasses.asdict(cfg), expand_path(t.output_dir))
 
     def _load_val(self) -> dict:
+        """Validation conversations (scored by their loss), or prompts and answers (scored by greedy accuracy)."""
         d = self.cfg.data
         rows = read_parquet_rows(d.val_files, d.val_max_samples, "data.val_files")
+        if d.multiturn.enable:
+            return {"conversations": self._tokenize(rows)}
         prompts = render_prompts(rows, self.tokenizer, d.prompt_key, d.apply_chat_template_kwargs)
         return {
             "prompt_ids": self.tokenizer(prompts, add_special_tokens=False)["input_ids"],
@@ -188,25 +219,32 @@ class SFTTrainer:
         if self.rank == 0:
             print(message, flush=True)
 
-    def _local_rows(self, global_batch: np.ndarray) -> np.ndarray:
-        per_rank = len(global_batch) // self.world_size
-        return global_batch[self.rank * per_rank : (self.rank + 1) * per_rank]
+    def _micro_batches(self, data: TokenizedSFT, global_batch: np.ndarray) -> list[np.ndarray]:
+        d = self.cfg.data
+        budget = d.max_token_len_per_gpu * self.layout.sp_size if d.use_dynamic_bsz else None
+        return plan_micro_batches(global_batch, data.lengths, self.layout, d.micro_batch_size_per_gpu, budget)
+
+    def _nll(self, data: TokenizedSFT, rows: np.ndarray) -> torch.Tensor:
+        """Summed NLL of the loss tokens of `rows` (with Ulysses, of those this rank's slice predicts)."""
+        if self.cfg.model.packed:
+            batch = collate_packed(data, rows, self.device, self.layout.sp_rank, self.layout.sp_size)
+        else:
+            batch = collate(data, rows, self.device)
+        return self.model(**batch)
 
     def train_step(self, global_batch: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns this rank's share of the batch loss and the gradient norm (device tensors)."""
         data: TokenizedSFT = self.train
         response_tokens = max(int(data.response_lengths[global_batch].sum()), 1)
         scale = self.world_size / response_tokens
-        local = self._local_rows(global_batch)
-        micro = self.cfg.data.micro_batch_size_per_gpu
         loss = torch.zeros((), device=self.device)
-        for start in range(0, len(local), micro):
-            nll = self.model(**collate(data, local[start : start + micro], self.device))
+        for rows in self._micro_batches(data, global_batch):
+            nll = self._nll(data, rows)
             (nll * scale).backward()
             loss += nll.detach()
         clip = self.cfg.optim.clip_grad
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), clip if clip and clip > 0 else float("inf")
+            [p for p in self.model.parameters() if p.requires_grad], clip if clip and clip > 0 else float("inf")
         )
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
@@ -242,15 +280,41 @@ class SFTTrainer:
         self.metrics.log(metrics, step)
         return metrics
 
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The current weights under the HF model's names, unsharded (LoRA adapters merged in); a collective."""
+        full = full_state_dict(self.model.lm)
+        if not self.lora:
+            return full
+        from verlx.models.lora import lora_scaling, merged_weights
+
+        return dict(merged_weights(full.items(), lora_scaling(self.model.lm)))
+
+    @torch.no_grad()
+    def validation_loss(self) -> dict[str, float]:
+        """Mean NLL of the validation conversations' loss tokens (veRL's val/loss), batched like training."""
+        data: TokenizedSFT = self.val["conversations"]
+        self.model.eval()
+        rows = np.arange(len(data) - len(data) % self.layout.dp_size)
+        total = torch.zeros((), device=self.device)
+        for part in self._micro_batches(data, rows):
+            total += self._nll(data, part)
+        if self.world_size > 1:
+            dist.all_reduce(total)
+        return {"val/loss": total.item() / max(int(data.response_lengths[rows].sum()), 1)}
+
     def validate(self, full: dict[str, torch.Tensor] | None = None):
-        """Greedy accuracy on the validation rows with an unsharded copy of the current weights."""
+        """val/loss of conversations, or greedy accuracy on the validation rows with an unsharded copy of the
+        current weights."""
         from transformers import AutoModelForCausalLM
 
-        full = full if full is not None else full_state_dict(self.model.lm)
+        if "conversations" in self.val:
+            return self.validation_loss(), []
+        full = full if full is not None else self.hf_state_dict()
         eval_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         with torch.device(self.device):
             model = AutoModelForCausalLM.from_config(
-                self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code, **_dtype_kwarg(eval_dtype)
+                self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code,
+                attn_implementation=self.cfg.model.attn_implementation, **_dtype_kwarg(eval_dtype)
             )
         model.load_state_dict(full, strict=True)
         model.config.use_cache = True
@@ -271,14 +335,16 @@ class SFTTrainer:
         )
         return metrics, examples
 
-    def save(self, full: dict[str, torch.Tensor]) -> str:
-        """save_pretrained (model in the checkpoint's dtype, tokenizer, generation config) into default_local_dir."""
+    def save(self, full: dict[str, torch.Tensor], target: str | None = None) -> str:
+        """save_pretrained (model in the checkpoint's dtype, tokenizer, generation config) into `target`
+        (default_local_dir)."""
         from transformers import AutoModelForCausalLM, GenerationConfig
 
-        target = expand_path(self.cfg.trainer.default_local_dir, absolute=True)
+        target = expand_path(target or self.cfg.trainer.default_local_dir, absolute=True)
         if self.rank == 0:
             model = AutoModelForCausalLM.from_config(
-                self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code, **_dtype_kwarg(self.save_dtype)
+                self.lm_config, trust_remote_code=self.cfg.model.trust_remote_code,
+                attn_implementation=self.cfg.model.attn_implementation, **_dtype_kwarg(self.save_dtype)
             )
             model.load_state_dict(full, strict=True)
             model.config.use_cache = True
@@ -294,12 +360,32 @@ class SFTTrainer:
             dist.barrier()
         return target
 
+    def save_step(self, step: int) -> None:
+        """trainer.save_freq: the model at this step into global_step_<step>, then the oldest beyond
+        max_ckpt_to_keep removed."""
+        t = self.cfg.trainer
+        target = self.save(self.hf_state_dict(), step_dir(expand_path(t.default_local_dir, absolute=True), step))
+        if self.rank == 0:
+            for path in keep_newest(t.default_local_dir, t.max_ckpt_to_keep):
+                self._print(f"removed {path} (trainer.max_ckpt_to_keep={t.max_ckpt_to_keep})")
+            self._print(f"saved step {step} to {target}")
+
+    def _validate_reaches_target(self, step: int) -> bool:
+        """Validate and log; whether trainer.target_val_accuracy is reached (training then stops)."""
+        target = self.cfg.trainer.target_val_accuracy
+        metrics, _ = self.validate()
+        self.metrics.log(metrics, step)
+        if target is None or metrics["val/accuracy"] < target:
+            return False
+        self._print(f"validation accuracy {metrics['val/accuracy']:.3f} reached trainer.target_val_accuracy={target} "
+                    f"at step {step}: stopping")
+        return True
+
     def fit(self) -> dict[str, float]:
         """Train, save, validate. A stop signal (trainer/stop_signals.py) ends training after the running step on
         every rank; the model trained so far is saved and Interrupted raised (exit 128 + the signal's number)."""
         t = self.cfg.trainer
-        nothing_saved = lambda: "An SFT run saves its model at the end only: nothing was saved."  # noqa: E731
-        with StopSignals(t.save_on_signal, t.save_on_signal_timeout_s, nothing_saved) as stop:
+        with StopSignals(t.save_on_signal, t.save_on_signal_timeout_s, _nothing_saved_at_stop) as stop:
             return self._fit(stop)
 
     def _stop_agreed(self, stop: StopSignals, sync_point: bool) -> int:
@@ -342,15 +428,16 @@ class SFTTrainer:
                     now = time.perf_counter()
                     final.update(self._flush(step, losses, norms, lrs, tokens, now - interval_start, start))
                     losses, norms, lrs, tokens = [], [], [], 0
-                if signum:
+                if signum or (validate_now and self._validate_reaches_target(step)):
                     last_step = step
                     break
-                if validate_now and self._reached_target(step):
-                    last_step = step
-                    break
+                if t.save_freq > 0 and step % t.save_freq == 0:
+                    self.save_step(step)
                 if step % t.log_freq == 0 or validate_now:
                     interval_start = time.perf_counter()
-            full = full_state_dict(self.model.lm)
+            if t.save_freq > 0 and last_step % t.save_freq:
+                self.save_step(last_step)  # veRL saves the last step too
+            full = self.hf_state_dict()
             target = self.save(full)
         self._print(f"saved the fine-tuned model to {target}")
         if signum:
@@ -369,13 +456,8 @@ class SFTTrainer:
         self.metrics.finish()
         return final
 
-    def _reached_target(self, step: int) -> bool:
-        """Validate; True when trainer.target_val_accuracy is reached (training stops there)."""
-        t = self.cfg.trainer
-        metrics, _ = self.validate()
-        self.metrics.log(metrics, step)
-        if t.target_val_accuracy is None or metrics["val/accuracy"] < t.target_val_accuracy:
-            return False
-        self._print(f"validation accuracy {metrics['val/accuracy']:.3f} reached trainer.target_val_accuracy="
-                    f"{t.target_val_accuracy} at step {step}: stopping")
-        return True
+
+if __name__ == "__main__":  # veRL 0.9.1's entry point: `python -m verlx.trainer.sft_trainer key=value ...`
+    from verlx.trainer.main_sft import sft_command
+
+    sft_command("sft_trainer_engine")()

@@ -13,6 +13,8 @@ from typing import Generic, TypeVar
 from verlx.utils.errors import InputError
 
 T = TypeVar("T")
+# veRL's packages: verl itself and its recipe submodule (built on verl's classes)
+VERL_PACKAGES = ("verl", "recipe")
 
 
 class UnknownNameError(InputError, KeyError):
@@ -29,8 +31,11 @@ def did_you_mean(name: str, candidates) -> str:
 
 
 def import_object(path: str, config_key: str | None = None):
-    """The object named by 'package.module:attribute'; an error naming the path (and key) when it cannot load."""
+    """The object named by 'package.module:attribute' (or veRL's spelling 'package.module.attribute'); an error
+    naming the path (and key) when it cannot load."""
     module_name, sep, attribute = path.partition(":")
+    if not sep and "." in path:
+        module_name, sep, attribute = path.rpartition(".")
     where = f"{config_key}={path}" if config_key else path
     if not sep or not module_name or not attribute:
         raise ValueError(f"{where}: expected 'package.module:Attribute'")
@@ -39,6 +44,10 @@ def import_object(path: str, config_key: str | None = None):
     try:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as e:
+        missing = getattr(e, "name", None) or ""
+        if module_name.split(".")[0] in VERL_PACKAGES or missing.split(".")[0] == "verl":
+            raise ValueError(f"{where}: verlx does not support veRL's own classes ({module_name}) yet: give a class "
+                             f"of your own code or one of verlx's (docs/verl_compat.md); importing it: {e}") from None
         raise ValueError(f"{where}: cannot import {attribute} from {module_name}: {e}") from None
 
 

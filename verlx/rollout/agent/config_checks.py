@@ -43,19 +43,38 @@ def agent_loop_problems(cfg) -> list[str]:
 
 
 def _check_default_loop(rollout, f: Findings) -> None:
-    from verlx.rollout.agent.loops import AGENT_LOOPS, AgentLoop
+    from verlx.rollout.agent.loop_config import agent_loop_class, named_loops
 
+    config_path = rollout.agent.agent_loop_config_path
+    for name in named_loops(config_path) if config_path and _loads(config_path, f) else ():
+        try:
+            agent_loop_class(name, config_path)
+        except (KeyError, ValueError, TypeError) as e:
+            f.problems.append(f"{ROLLOUT}.agent.agent_loop_config_path={config_path}: {name}: {e}")
     key = f"{ROLLOUT}.agent.default_agent_loop"
     try:
-        cls = AGENT_LOOPS.get(rollout.agent.default_agent_loop)
-    except (KeyError, ValueError) as e:
+        cls = agent_loop_class(rollout.agent.default_agent_loop, config_path if _loads(config_path, f) else None)
+    except (KeyError, ValueError, TypeError) as e:
         f.problems.append(f"{key}: {e}")
         return
-    if f.require(isinstance(cls, type) and issubclass(cls, AgentLoop),
-                 f"{key}={rollout.agent.default_agent_loop} is not an AgentLoop subclass"):
-        f.require(not cls.uses_tools or rollout.multi_turn.enable,
-                  f"{key}={rollout.agent.default_agent_loop} calls tools, which needs {KEY}.enable=true (with "
-                  f"{KEY}.tool_config_path and data.return_raw_chat=true)")
+    f.require(not cls.uses_tools or rollout.multi_turn.enable,
+              f"{key}={rollout.agent.default_agent_loop} calls tools, which needs {KEY}.enable=true (with "
+              f"{KEY}.tool_config_path and data.return_raw_chat=true)")
+
+
+def _loads(config_path: str | None, f: Findings) -> bool:
+    """rollout.agent.agent_loop_config_path is unset, or its file reads (else its problem is recorded once)."""
+    from verlx.rollout.agent.loop_config import named_loops
+
+    if not config_path:
+        return False
+    try:
+        named_loops(config_path)
+    except ValueError as e:
+        if str(e) not in f.problems:
+            f.problems.append(str(e))
+        return False
+    return True
 
 
 def _check_numbers(mt, f: Findings) -> None:
@@ -72,13 +91,16 @@ def _check_numbers(mt, f: Findings) -> None:
 
 
 def _check_names(mt, f: Findings) -> None:
-    from verlx.rollout.agent.parsers import TOOL_PARSERS
+    from verlx.rollout.agent.parsers import MISSING_FORMATS, TOOL_PARSERS
     from verlx.rollout.agent.tool_config import load_tools
 
     try:
         TOOL_PARSERS.get(mt.format)
     except (KeyError, ValueError) as e:
-        f.problems.append(f"{KEY}.format: {e}")
+        missing = MISSING_FORMATS.get(mt.format)
+        f.problems.append(f"{KEY}.format={mt.format}: verlx does not support {missing} yet; its formats are "
+                          f"{TOOL_PARSERS.names()} or 'package.module:function' of your own" if missing
+                          else f"{KEY}.format: {e}")
     if mt.tool_config_path:
         try:
             load_tools(mt.tool_config_path)
@@ -96,7 +118,7 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
     if not rollout.uses_agent_loop or dataset is None:
         return []
     from verlx.rollout.agent.chat import ChatCodec
-    from verlx.rollout.agent.loops import AGENT_LOOPS, AgentLoop
+    from verlx.rollout.agent.loop_config import agent_loop_class
     from verlx.rollout.agent.tool_config import load_tools
 
     default = rollout.agent.default_agent_loop
@@ -105,13 +127,11 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
     f, tool_rows = Findings(), []
     for name in sorted(set(names)):
         try:
-            cls = AGENT_LOOPS.get(name)
-        except (KeyError, ValueError) as e:
+            cls = agent_loop_class(name, rollout.agent.agent_loop_config_path)
+        except (KeyError, ValueError, TypeError) as e:
             f.problems.append(f"{which}: column agent_name: {e}")
             continue
-        is_loop = f.require(isinstance(cls, type) and issubclass(cls, AgentLoop),
-                            f"{which}: column agent_name: {name} is not an AgentLoop subclass")
-        if is_loop and cls.uses_tools and f.require(
+        if cls.uses_tools and f.require(
                 mt.enable, f"{which}: column agent_name: {name} calls tools, which needs {KEY}.enable=true"):
             tool_rows += [i for i, n in enumerate(names) if n == name]
     raw = dataset.column("raw_prompt")

@@ -1,7 +1,8 @@
 """Tool-call formats (multi_turn.format): model text → the calls it makes, and what could not be parsed.
 
 `hermes` (Qwen2.5/Qwen3, NousResearch Hermes): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any
-number of them. `llama3_json` (Llama 3.1/3.2 JSON tool calling): the message is `{"name": ..., "parameters":
+number of them; `qwen` and `qwen25` (the names SGLang's parser gives Qwen 2.5's format, which older veRL scripts
+pass) are the same format. `llama3_json` (Llama 3.1/3.2 JSON tool calling): the message is `{"name": ..., "parameters":
 {...}}` (optionally after `<|python_tag|>`), several separated by `;`. A call that is not valid JSON or lacks a
 name is reported as malformed (the model is told so), never guessed at.
 """
@@ -15,6 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from verlx.utils.registry import Registry
+
+# tool-call formats of veRL and SGLang that verlx has no parser for, and what each is
+MISSING_FORMATS = {
+    "gpt-oss": "the gpt-oss (harmony) tool-call format",
+    "spo": "the SPO recipe's code-block tool-call format",
+    "llama3": "SGLang's llama3 (pythonic) tool-call format (verlx: llama3_json)",
+    "mistral": "the Mistral tool-call format",
+    "deepseekv3": "the DeepSeek-V3 tool-call format",
+    "pythonic": "the pythonic tool-call format",
+    "kimi_k2": "the Kimi K2 tool-call format",
+    "qwen3_coder": "the Qwen3-Coder (XML) tool-call format",
+    "glm45": "the GLM-4.5 tool-call format",
+}
 
 
 @dataclass
@@ -54,6 +68,8 @@ def _call_from_json(text: str, args_key: str, out: ParsedTurn) -> None:
     out.calls.append(ToolCall(obj["name"], arguments))
 
 
+@TOOL_PARSERS.register("qwen25")
+@TOOL_PARSERS.register("qwen")
 @TOOL_PARSERS.register("hermes")
 def parse_hermes(text: str) -> ParsedTurn:
     out = ParsedTurn()

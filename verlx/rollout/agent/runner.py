@@ -23,7 +23,8 @@ from verlx.protocol import DataProto
 from verlx.rollout.agent.chat import ChatCodec
 from verlx.rollout.agent.driver import StreamDriver
 from verlx.rollout.agent.execution import ToolExecutor
-from verlx.rollout.agent.loops import AGENT_LOOPS, AgentEnv, AgentLoop, AgentSample
+from verlx.rollout.agent.loop_config import agent_loop_class
+from verlx.rollout.agent.loops import AgentEnv, AgentLoop, AgentSample
 from verlx.rollout.agent.oversampling import finish_first, samples_to_keep
 from verlx.rollout.agent.parsers import TOOL_PARSERS
 from verlx.rollout.agent.tool_config import load_tools
@@ -113,9 +114,7 @@ class AgentLoopRunner:
     # ------------------------------------------------------------------ one sample
     def _loop(self, loops: dict[str, AgentLoop], name: str, executor: ToolExecutor) -> AgentLoop:
         if name not in loops:
-            cls = AGENT_LOOPS.get(name)
-            if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
-                raise TypeError(f"agent_name={name} is not an AgentLoop subclass")
+            cls = agent_loop_class(name, self.config.agent.agent_loop_config_path)
             if cls.uses_tools and not self.mt.enable:
                 raise ValueError(f"agent loop {name!r} calls tools, which needs "
                                  "actor_rollout_ref.rollout.multi_turn.enable=true (and multi_turn.tool_config_path)")

@@ -13,6 +13,7 @@ Every error names the file and the entry (tools[i]) before any rollout starts.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import yaml
@@ -23,6 +24,21 @@ from verlx.utils.paths import expand_path
 from verlx.utils.registry import import_object
 
 ENTRY_KEYS = {"name", "function", "class_name", "config", "tool_schema"}
+# veRL's tool classes verlx has its own of (each said once, at info level, when a tool file names it)
+VERL_TOOLS = {"verl.tools.gsm8k_tool.Gsm8kTool": "verlx.reward.gsm8k_tool:Gsm8kTool"}
+logger = logging.getLogger(__name__)
+_said: set[str] = set()
+
+
+def verlx_tool_class(class_name: str) -> str:
+    """`class_name`, or verlx's class for veRL's."""
+    ours = VERL_TOOLS.get(class_name)
+    if ours is None:
+        return class_name
+    if class_name not in _said:
+        _said.add(class_name)
+        logger.info("tool class %s (veRL's) is read as verlx's %s", class_name, ours)
+    return ours
 
 
 class ToolConfigError(InputError, ValueError):
@@ -42,7 +58,7 @@ def _entry_tool(entry: dict, where: str) -> BaseTool:
     if not isinstance(config, dict):
         raise ToolConfigError(f"{where}.config must be a mapping, got {config!r:.80}")
     if "class_name" in entry:
-        cls = import_object(entry["class_name"], f"{where}.class_name")
+        cls = import_object(verlx_tool_class(entry["class_name"]), f"{where}.class_name")
         if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
             raise ToolConfigError(f"{where}.class_name={entry['class_name']} is not a BaseTool subclass")
         schema = schema or getattr(cls, "default_schema", None)

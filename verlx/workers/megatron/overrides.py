@@ -35,6 +35,12 @@ NEEDS_TRANSFORMER_ENGINE = {
     "persist_layer_norm": "the persistent layer-norm kernel",
 }
 NEEDS_DEEPEP = {"moe_enable_deepep": True, "moe_token_dispatcher_type": "flex"}
+# fields of MindSpeed's TransformerConfig (megatron on Ascend NPUs) that megatron-core's lacks (veRL's NPU scripts)
+MINDSPEED_FIELDS = frozenset({
+    "use_flash_attn", "multi_head_latent_attention", "pipeline_num_transformer_layers", "use_fused_rotary_pos_emb",
+    "rope_scaling_type", "yarn_scaling_factor", "rope_scaling_mscale", "rope_scaling_mscale_all_dim",
+    "use_fused_swiglu", "seq_length", "swap_optimizer",
+})
 # DistributedDataParallelConfig fields with a megatron.* key of their own
 DDP_KEYS = {"use_distributed_optimizer": "use_distributed_optimizer"}
 
@@ -49,7 +55,10 @@ def transformer_override_problems(key: str, overrides: dict[str, Any], te_availa
     where = f"{key}.override_transformer_config"
     problems = []
     for name, value in overrides.items():
-        if fields is not None and name not in fields:
+        if name in MINDSPEED_FIELDS and (fields is None or name not in fields):
+            problems.append(f"{where}.{name}: a field of MindSpeed's TransformerConfig (megatron on Ascend NPUs); "
+                            "verlx does not support Ascend NPUs yet")
+        elif fields is not None and name not in fields:
             problems.append(f"{where}.{name} is not a megatron TransformerConfig field.{did_you_mean(name, fields)}")
         elif name in DERIVED:
             problems.append(f"{where}.{name}: verlx sets it from the model's HF config and the megatron.* keys "

@@ -1,0 +1,294 @@
+"""Write veRL's example launch scripts' trainer command lines out as test data (run once; reads local mirrors only).
+
+Each set (a veRL commit plus the commit of its recipe submodule) is checked out into a temporary directory, and
+every `*.sh` under examples/ and recipe/ runs there with bash under a PATH whose `python`, `python3`, `uv`,
+`torchrun`, `ray`, `hf`, `nvidia-smi`, `pip`, ... are recording shims: each writes its argv and working directory
+as one JSON line and exits 0 (nvidia-smi reports 8 GPUs; `python -c` probes fail, as without torch_npu). Shell
+variables fall back to the scripts' own defaults; HOME and the checkout are temporary and written back as the
+placeholders {HOME} and {VERL_ROOT}. Invocations of veRL trainer entry points are kept with the argv after the
+module, the config directory their Hydra config comes from (relative to the checkout) and the config name; the
+YAML files of a script's own config directory are copied next to the data (Apache-2.0, see the README there).
+
+    python benchmarks/verl_scripts_extract.py            # rewrites tests/data/verl_scripts/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIR = os.path.join(REPO, "tests", "data", "verl_scripts")
+MIRRORS = "/work/.mirror"
+SETS = {
+    "2026-01": {"repo": "volcengine+verl", "commit": "b178a3cd56f58b2d502255daba591e92833930a7",
+                "recipe_repo": "verl-project+verl-recipe", "recipe_commit": "21892b9276936efab5375c3f6b8415e472ef7118"},
+    "2026-08": {"repo": "verl-project+verl", "commit": "1dda039b9c6311889a9c9a26040677e1254814f9",
+                "recipe_repo": "verl-project+verl-recipe", "recipe_commit": "e7f889574b8301cc0f0fc1d57c6d67f31ffeb689"},
+}
+SHIMMED = ("python", "python3", "python3.10", "python3.11", "python3.12", "uv", "uvx", "torchrun", "ray",
+           "huggingface-cli", "hf", "nvidia-smi", "npu-smi", "pip", "pip3", "wget", "curl", "git", "sudo", "docker",
+           "srun", "sbatch", "scontrol", "ssh", "scp", "sleep", "modelscope", "wandb", "mlflow", "tensorboard",
+           "apt", "apt-get", "conda", "deepspeed", "accelerate", "vllm", "sglang", "nohup", "pkill", "kill",
+           "aws", "hdfs", "hadoop", "ossutil", "tmux", "screen")
+ENTRY = re.compile(r"^(verl\.trainer\.[\w.]+|verl\.experimental\.[\w.]+|recipe\.[\w.]+|verl\.recipe\.[\w.]+)$")
+# Positional arguments for scripts that print a usage without them: devices per node, a save path.
+POSITIONAL = ["8", "/tmp/verl_ckpt"]
+# Sourced by every non-interactive bash: builtins that would stop a script here for reasons unrelated to its command
+BASH_ENV = """ulimit() { :; }
+cp() { command cp "$@" 2>/dev/null; return 0; }
+cd() { builtin cd "$@" 2>/dev/null; return 0; }
+"""
+HYDRA_MAIN = re.compile(r"@hydra\.main\((?P<args>[^)]*)\)")
+
+SHIM = r'''#!/usr/bin/python3
+import json, os, sys
+name = os.path.basename(sys.argv[0])
+args = sys.argv[1:]
+if name == "nvidia-smi":
+    print("\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3" if "--list-gpus" in args or "-L" in args else "0"
+                    for i in range(8)))
+    sys.exit(0)
+if name.startswith("python") and args[:1] == ["-c"]:
+    if "device_count" in args[1]:
+        print(8)
+        sys.exit(0)
+    sys.exit(1)
+with open(os.environ["VERL_EXTRACT_LOG"], "a") as f:
+    f.write(json.dumps({"program": name, "argv": args, "cwd": os.getcwd()}) + "\n")
+'''
+
+
+def checkout(mirror: str, commit: str, dest: str) -> None:
+    git_dir = os.path.join(MIRRORS, mirror, "repo")
+    os.makedirs(dest, exist_ok=True)
+    archive = subprocess.run(["git", "-C", git_dir, "archive", commit], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+
+
+def make_shims(directory: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for name in SHIMMED:
+        path = os.path.join(directory, name)
+        with open(path, "w") as f:
+            f.write(SHIM)
+        os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def run_script(root: str, script: str, workdir: str, env_vars: dict[str, str], args: list[str]) -> str:
+    """Run the script once; returns its stderr (where bash names a variable it needed)."""
+    env = {"PATH": f"{workdir}/shims:/usr/bin:/bin", "HOME": f"{workdir}/home", "USER": "user", "LANG": "C.UTF-8",
+           "TERM": "dumb", "VERL_EXTRACT_LOG": f"{workdir}/log.jsonl", "BASH_ENV": f"{workdir}/bash_env",
+           **env_vars}
+    try:
+        return subprocess.run(["bash", script, *args], cwd=root, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30).stderr
+    except subprocess.TimeoutExpired:
+        return ""
+
+
+def plausible_value(name: str, home: str) -> str:
+    """A value for a variable a script requires without a default: a count for counts, a path for the rest."""
+    if re.search(r"NODES|GPUS|NPUS|_NUM|NUM_|SIZE|_TP|_PP|_EP|_CP|STEPS|EPOCHS", name):
+        return "1" if "NODE" in name else "8"
+    if re.search(r"ADDR|HOST|IP$", name):
+        return "127.0.0.1"
+    if "PORT" in name:
+        return "6379"
+    if re.search(r"BACKEND|ENGINE", name):
+        return "vllm"
+    return f"{home}/{name.lower()}"
+
+
+def recorded(workdir: str) -> list[dict]:
+    log = os.path.join(workdir, "log.jsonl")
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        records = [json.loads(line) for line in f]
+    os.remove(log)
+    return records
+
+
+def run_until_launch(root: str, script: str, workdir: str) -> tuple[list[dict], list[tuple]]:
+    """Run the script, giving it the variables it stops for and, when it prints a usage, two positional
+    arguments (devices per node, a save path); returns what the shims recorded and the launches among them."""
+    env_vars: dict[str, str] = {}
+    args: list[str] = []
+    records: list[dict] = []
+    for _ in range(12):
+        stderr = run_script(root, script, workdir, env_vars, args)
+        records = recorded(workdir)
+        found = [(r, *entry_module(root, r)) for r in records]
+        found = [f for f in found if f[1] is not None]
+        if found:
+            return records, found
+        missing = re.findall(r"line \d+: ([A-Za-z_][A-Za-z0-9_]*): ", stderr)
+        missing = [m for m in missing if m not in env_vars]
+        if missing:
+            env_vars[missing[-1]] = plausible_value(missing[-1], f"{workdir}/home")
+        elif len(args) < len(POSITIONAL):
+            args = POSITIONAL[:len(args) + 1]
+        else:
+            break
+    return records, []
+
+
+def entry_module(root: str, record: dict) -> tuple[str | None, list[str]]:
+    """(module, argv after it) of a recorded command: `-m module ...` or `path/to/module.py ...` anywhere in it; a
+    module relative to the working directory (or ray's --working-dir) is named from the checkout's root."""
+    argv = record["argv"]
+    bases = [record["cwd"], *[argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--working-dir"],
+             *[a.split("=", 1)[1] for a in argv if a.startswith("--working-dir=")], os.path.join(root, "recipe")]
+    for i, token in enumerate(argv):
+        if token == "-m" and i + 1 < len(argv):
+            module = argv[i + 1]
+            if not ENTRY.match(module):
+                module = next((_module_of(root, os.path.join(b, module.replace(".", "/") + ".py")) for b in bases
+                               if os.path.isfile(os.path.join(b, module.replace(".", "/") + ".py"))), module)
+            if ENTRY.match(module):
+                return module, argv[i + 2:]
+        if token.endswith(".py"):
+            path = next((os.path.join(b, token) for b in bases if os.path.isfile(os.path.join(b, token))), token)
+            module = _module_of(root, path)
+            if ENTRY.match(module):
+                return module, argv[i + 1:]
+    return None, []
+
+
+def _module_of(root: str, path: str) -> str:
+    return os.path.relpath(os.path.abspath(path), root)[:-3].replace("/", ".")
+
+
+def hydra_defaults(root: str, module: str) -> tuple[str | None, str | None]:
+    """(config_path, config_name) of the module's @hydra.main, relative to the module's directory."""
+    path = os.path.join(root, module.replace(".", "/") + ".py")
+    if not os.path.isfile(path):
+        return None, None
+    with open(path) as f:
+        match = HYDRA_MAIN.search(f.read())
+    if match is None:
+        return None, None
+    found = dict(re.findall(r"(config_path|config_name)\s*=\s*[\"']([^\"']*)[\"']", match.group("args")))
+    return found.get("config_path"), found.get("config_name")
+
+
+def hydra_flag(argv: list[str], long: str, short: str) -> str | None:
+    value = None
+    for i, token in enumerate(argv):
+        if token in (long, short) and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(long + "="):
+            value = token.split("=", 1)[1]
+    return value
+
+
+def referenced_files(root: str, cwd: str, argv: list[str]) -> list[str]:
+    """YAML and JSON files of the checkout an override names (tool and interaction configs), relative to the root."""
+    found = []
+    for arg in argv:
+        value = arg.split("=", 1)[1] if "=" in arg else ""
+        if not value.endswith((".yaml", ".yml", ".json")):
+            continue
+        path = os.path.normpath(value if os.path.isabs(value) else os.path.join(cwd, value))
+        if os.path.isfile(path) and path.startswith(root + os.sep):
+            found.append(os.path.relpath(path, root))
+    return found
+
+
+def placeholders(text: str, root: str, home: str) -> str:
+    return text.replace(root, "{VERL_ROOT}").replace(home, "{HOME}")
+
+
+def config_location(root: str, record: dict, module: str, argv: list[str]) -> tuple[str | None, str | None]:
+    """The config directory (relative to the checkout) and name the command composes, as Hydra resolves them."""
+    default_path, default_name = hydra_defaults(root, module)
+    path = hydra_flag(argv, "--config-path", "-cp") or default_path
+    name = hydra_flag(argv, "--config-name", "-cn") or default_name
+    if path is None:
+        return None, name
+    if path.startswith("pkg://"):
+        return path[len("pkg://"):].replace(".", "/"), name
+    base = os.path.dirname(os.path.join(root, module.replace(".", "/")))
+    directory = path if os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+    if not os.path.isdir(directory):  # e.g. $HOME/verl/verl/trainer/config: the same directory of this checkout
+        parts = directory.strip("/").split("/")
+        tails = ["/".join(parts[i:]) for i in range(len(parts))]
+        directory = next((os.path.join(root, t) for t in tails if os.path.isdir(os.path.join(root, t))), directory)
+    return os.path.relpath(directory, root), name
+
+
+def extract(source: dict, workdir: str, only: str | None = None) -> tuple[list[dict], dict[str, str], list[dict]]:
+    root, home = os.path.join(workdir, "verl"), os.path.join(workdir, "home")
+    checkout(source["repo"], source["commit"], root)
+    shutil.rmtree(os.path.join(root, "recipe"), ignore_errors=True)
+    checkout(source["recipe_repo"], source["recipe_commit"], os.path.join(root, "recipe"))
+    os.makedirs(home)
+    make_shims(os.path.join(workdir, "shims"))
+    with open(os.path.join(workdir, "bash_env"), "w") as f:
+        f.write(BASH_ENV)
+    scripts = sorted(os.path.relpath(os.path.join(d, f), root) for top in ("examples", "recipe")
+                     for d, _, files in os.walk(os.path.join(root, top)) for f in files if f.endswith(".sh"))
+    scripts = [s for s in scripts if only is None or re.search(only, s)]
+    commands, yamls, skipped = [], {}, []
+    for script in scripts:
+        records, found = run_until_launch(root, script, workdir)
+        if not found:
+            programs = sorted({" ".join([r["program"], *r["argv"][:2]]) for r in records})
+            skipped.append({"script": script, "programs": programs})
+        seen = set()
+        for record, module, argv in found:
+            key = (module, tuple(argv))
+            if key in seen:
+                continue
+            seen.add(key)
+            config_dir, config_name = config_location(root, record, module, argv)
+            commands.append({
+                "script": script, "program": record["program"], "module": module,
+                "cwd": placeholders(record["cwd"], root, home),
+                "config_dir": config_dir, "config_name": config_name,
+                "argv": [placeholders(a, root, home) for a in argv if a not in POSITIONAL or "=" in a],
+            })
+            for rel in referenced_files(root, record["cwd"], argv):
+                with open(os.path.join(root, rel)) as f:
+                    yamls[rel] = f.read()
+            if config_dir and config_dir != "verl/trainer/config" and os.path.isdir(os.path.join(root, config_dir)):
+                for name in sorted(os.listdir(os.path.join(root, config_dir))):
+                    if name.endswith((".yaml", ".yml")):
+                        rel = os.path.join(config_dir, name)
+                        with open(os.path.join(root, rel)) as f:
+                            yamls[rel] = f.read()
+    return commands, yamls, skipped
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=OUT_DIR)
+    parser.add_argument("--only", help="a regex: extract the scripts it matches (to look at them; not for the data)")
+    args = parser.parse_args()
+    for set_name, source in SETS.items():
+        with tempfile.TemporaryDirectory() as workdir:
+            commands, yamls, skipped = extract(source, workdir, args.only)
+        target = os.path.join(args.out, set_name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        for rel, text in yamls.items():
+            os.makedirs(os.path.dirname(os.path.join(target, "configs", rel)), exist_ok=True)
+            with open(os.path.join(target, "configs", rel), "w") as f:
+                f.write(text)
+        with open(os.path.join(target, "commands.json"), "w") as f:
+            json.dump({"source": source, "commands": commands, "scripts_without_a_trainer_command": skipped}, f,
+                      indent=1)
+            f.write("\n")
+        print(f"{set_name}: {len(commands)} commands from {len({c['script'] for c in commands})} scripts, "
+              f"{len(yamls)} config files")
+
+
+if __name__ == "__main__":
+    main()
