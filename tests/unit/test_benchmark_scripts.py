@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -192,6 +193,28 @@ def test_agent_loop_gpu_smoke_runs_multi_turn_grpo_on_cpu(tmp_path):
     assert row["tool/errors"] == 0 and row["multi_turn/template_mismatch"] == 0
     assert row["timing_s/gen"] > 0
     assert "| 1 | 3 | 2 |" in proc.stdout
+    # the workers size the micro-batches by token budget, as in the single-turn benchmark it is compared with
+    (decisions,) = [line for line in proc.stdout.splitlines() if line.startswith("auto: ")]
+    assert "actor_rollout_ref.actor.use_dynamic_bsz auto → true" in decisions
+
+
+def test_agent_loop_gpu_passes_micro_batch_sizes_only_when_asked():
+    """Fixed micro-batch sizes (16 samples per update micro-batch) made the multi-turn update several micro-batches
+    per token budget; by default the script leaves them to the workers, like grpo_step_gpu."""
+    script = _load_script("agent_loop_gpu")
+
+    def overrides(mode: str) -> list[str]:
+        args = argparse.Namespace(tool_turns=2, turn_tokens=64, prompts=64, n=8, gpus=1, engine="vllm", steps=3,
+                                  device="cuda", micro_batches=mode, extra=["trainer.seed=3"])
+        return script.agent_overrides(args, "/m", "/d", "/o", "/w")
+
+    sized = [o for o in overrides("fixed") if "micro_batch_size" in o]
+    assert sized == ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32"]
+    auto = overrides("auto")
+    assert not [o for o in auto if "micro_batch_size" in o or "use_dynamic_bsz" in o]
+    assert auto[-1] == "trainer.seed=3" and "data.max_response_length=336" in auto
 
 
 def test_async_step_smoke_runs_sync_and_one_step_off_on_cpu(tmp_path):
