@@ -217,6 +217,34 @@ def test_agent_loop_gpu_passes_micro_batch_sizes_only_when_asked():
     assert auto[-1] == "trainer.seed=3" and "data.max_response_length=336" in auto
 
 
+def test_host_contention_smoke_times_steps_alone_and_beside_a_competing_job(tmp_path):
+    """CPU: one main_ppo run of 4 steps; the competitor (a loader with a worker process and an MLP loop) trains
+    from the end of step 2, so step 2 ran alone and step 4 beside it (step 3 counts only if it ended before the
+    competitor's first iteration, or is left out)."""
+    proc = _run([sys.executable, "benchmarks/host_contention.py", "--device", "cpu", "--smoke"], tmp_path)
+    result = json.loads((tmp_path / "host_contention.json").read_text())
+    assert result["rc"] == 0 and result["competitor_started"]
+    assert result["alone_steps"] in ([2], [2, 3]) and result["contended_steps"] == [4]
+    step = result["phases"]["timing_s/step"]
+    assert step["ratio"] == pytest.approx(step["contended_s"] / step["alone_s"]) and step["alone_s"] > 0
+    assert result["step_ratio"] == step["ratio"]
+    assert {"timing_s/gen", "timing_s/update_actor"} <= set(result["phases"])
+    assert "step slow-down with the competing job:" in proc.stdout
+
+
+def test_host_contention_counts_steps_by_when_they_started():
+    """A step is contended when it started (the previous step's row appeared) after the competitor's first
+    iteration, alone when it ended before it; warm-up steps and the step in between are left out."""
+    script = _load_script("host_contention")
+    rows = [{"step": s, "timing_s/step": t} for s, t in ((1, 50.0), (2, 1.0), (3, 1.0), (4, 1.6), (5, 1.2))]
+    seen = {1: 50.0, 2: 51.0, 3: 52.0, 4: 53.6, 5: 54.8}
+    alone, contended = script.split_steps(rows, seen, ready_at=52.5, warmup=1)
+    assert [r["step"] for r in alone] == [2, 3] and [r["step"] for r in contended] == [5]  # 4 started at 52.0
+    summary = script.summarise(alone, contended)
+    assert summary["step_ratio"] == pytest.approx(1.2)
+    assert script.split_steps(rows, seen, ready_at=None, warmup=1)[1] == []  # the competitor never trained
+
+
 def test_async_step_smoke_runs_sync_and_one_step_off_on_cpu(tmp_path):
     """The rollout-mode benchmark's CPU mode: sync on 2 colocated workers, one_step_off on 1 trainer + 1 rollout
     worker, both to the end, with the one_step_off run's staleness 1 after its first batch."""
