@@ -245,6 +245,28 @@ def test_host_contention_counts_steps_by_when_they_started():
     assert script.split_steps(rows, seen, ready_at=None, warmup=1)[1] == []  # the competitor never trained
 
 
+def test_multi_turn_update_layouts_and_the_micro_batches_each_mode_makes():
+    """The agent benchmark's batch: 195 prompt + 3 × 64 model + 2 × 24 tool tokens = 435 real tokens a sample, 192
+    trained; at its GPU shape (512 samples, two mini-batches) fixed 16-sample micro-batches make 32 of ~7k tokens
+    where a 32,768-token budget makes 8 (4 per mini-batch of 111,360 tokens)."""
+    from verlx.workers.micro_batching import micro_batches
+
+    script = _load_script("multi_turn_update")
+    multi = script.layout_batch("multi_turn", 512, vocab=100)
+    assert multi.batch["input_ids"].shape == (512, 256 + 336)
+    assert multi.batch["attention_mask"].sum(-1).tolist() == [435] * 512
+    assert multi.batch["response_mask"].sum(-1).tolist() == [192] * 512
+    row = multi.batch["response_mask"][0]
+    assert row[:64].all() and not row[64:88].any() and row[88:152].all() and row[240:].sum() == 0
+    single = script.layout_batch("single_turn", script.samples_for_tokens("single_turn", 512 * 435), vocab=100)
+    assert int(single.batch["attention_mask"].sum()) == pytest.approx(512 * 435, rel=0.005)  # the same tokens
+
+    def count(micro, dynamic):
+        return sum(len(micro_batches(mini, micro, dynamic, 32768)[0]) for mini in multi.split(256))
+
+    assert count(16, False) == 32 and count(None, True) == 8
+
+
 def test_async_step_smoke_runs_sync_and_one_step_off_on_cpu(tmp_path):
     """The rollout-mode benchmark's CPU mode: sync on 2 colocated workers, one_step_off on 1 trainer + 1 rollout
     worker, both to the end, with the one_step_off run's staleness 1 after its first batch."""
