@@ -86,7 +86,9 @@ def check_agent_data(config: PPOConfig, tokenizer, train_loader, val_loader) -> 
 def run_ppo(config: PPOConfig) -> dict[str, float]:
     """Train; the checkpoint to resume from is picked, verified and compared with this config before Ray starts."""
     from verlx.trainer.ppo_trainer import RayPPOTrainer
+    from verlx.utils.cpu_threads import single_threaded_driver
 
+    single_threaded_driver()  # the driver's small tensor work must not wait on a busy host's cores
     use_gpu, tokenizer, train_loader, val_loader, reward_fn = prepare(config)
     try:
         trainer = RayPPOTrainer(config, tokenizer, train_loader, val_loader, reward_fn, reward_fn, use_gpu)
