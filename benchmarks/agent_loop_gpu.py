@@ -9,6 +9,12 @@ engine: requests arriving while others decode, contexts growing by template delt
   python benchmarks/agent_loop_gpu.py --engine native --steps 3            # GPU, 0.5B shape
   python benchmarks/agent_loop_gpu.py --engine sglang --steps 3
   python benchmarks/agent_loop_gpu.py --device cpu --shape tiny --steps 1  # CPU smoke (the unit test runs it)
+
+Micro-batches are the workers' choice by default (token budgets, as in grpo_step_gpu.py), so the multi-turn update
+compares with the single-turn one; `--micro-batches fixed` passes the fixed sizes this script used before
+(16 samples per update micro-batch, 32 per log-prob one: at the default shape 32 update micro-batches of ~7k
+tokens per step instead of a few of up to the token budget; the 2026-11 multi-turn GPU updates ran so, against
+single-turn updates with token budgets). The workers' choices are printed after the table.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -80,9 +85,37 @@ def write_data(data_dir: str, rows: int) -> None:
         write_parquet_atomic(out, os.path.join(data_dir, f"{split}.parquet"))
 
 
+def agent_overrides(args, model_dir: str, data_dir: str, out_dir: str, work: str) -> list[str]:
+    """main_ppo's overrides; micro-batch sizes only with --micro-batches fixed (else the workers decide)."""
+    response_length = (args.tool_turns + 1) * (args.turn_tokens + 48)  # model turns + tool deltas
+    per_gpu = args.prompts * args.n // args.gpus
+    overrides = [
+        "algorithm.adv_estimator=grpo", f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet", f"data.train_batch_size={args.prompts}",
+        "data.max_prompt_length=256", f"data.max_response_length={response_length}", "data.return_raw_chat=true",
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.optim.lr=1e-6",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.prompts // 2)}",
+        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        f"actor_rollout_ref.rollout.name={args.engine}", f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={ROOT}/examples/multi_turn/calculator_tools.yaml",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.tool_turns + 1}",
+        f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_training_steps={args.steps}",
+        f"trainer.device={args.device}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", "trainer.logger=[console,file]", f"trainer.output_dir={out_dir}",
+        f"trainer.default_local_dir={work}/ckpt", "trainer.progress_bar=false", "reward.num_workers=1",
+    ]
+    if args.micro_batches == "fixed":  # this script's sizes before the workers sized micro-batches
+        overrides += [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={max(1, min(16, per_gpu // 2))}",
+                      f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={max(1, min(32, per_gpu))}",
+                      f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={max(1, min(32, per_gpu))}"]
+    return [*overrides, *args.extra]
+
+
 def main() -> int:
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from grpo_step_gpu import SHAPES, build_model
+    from grpo_step_gpu import SHAPES, auto_decisions, build_model, run_logged
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="0.5b", choices=list(SHAPES))
@@ -94,6 +127,7 @@ def main() -> int:
     p.add_argument("--tool-turns", type=int, default=2, help="calculator calls per sample")
     p.add_argument("--turn-tokens", type=int, default=64, help="most tokens of one model turn")
     p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--micro-batches", choices=("auto", "fixed"), default="auto")
     p.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
     args = p.parse_args()
 
@@ -101,32 +135,14 @@ def main() -> int:
     model_dir, data_dir, out_dir = (os.path.join(work, d) for d in ("model", "data", "out"))
     build_model(model_dir, args.shape)
     write_data(data_dir, max(4 * args.prompts, 64))
-    response_length = (args.tool_turns + 1) * (args.turn_tokens + 48)  # model turns + tool deltas
-    per_gpu = args.prompts * args.n // args.gpus
-    overrides = [
-        "algorithm.adv_estimator=grpo", f"data.train_files={data_dir}/train.parquet",
-        f"data.val_files={data_dir}/test.parquet", f"data.train_batch_size={args.prompts}",
-        "data.max_prompt_length=256", f"data.max_response_length={response_length}", "data.return_raw_chat=true",
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.optim.lr=1e-6",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.prompts // 2)}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={max(1, min(16, per_gpu // 2))}",
-        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={max(1, min(32, per_gpu))}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={max(1, min(32, per_gpu))}",
-        f"actor_rollout_ref.rollout.name={args.engine}", f"actor_rollout_ref.rollout.n={args.n}",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={ROOT}/examples/multi_turn/calculator_tools.yaml",
-        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.tool_turns + 1}",
-        f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_training_steps={args.steps}",
-        f"trainer.device={args.device}", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=-1", "trainer.logger=[console,file]", f"trainer.output_dir={out_dir}",
-        f"trainer.default_local_dir={work}/ckpt", "trainer.progress_bar=false", "reward.num_workers=1", *args.extra,
-    ]
+    overrides = agent_overrides(args, model_dir, data_dir, out_dir, work)
     env = {**os.environ, "VERLX_BENCH_TOOL_TURNS": str(args.tool_turns),
            "VERLX_BENCH_TURN_TOKENS": str(args.turn_tokens),
            "PYTHONPATH": os.pathsep.join(filter(None, [HERE, ROOT, os.environ.get("PYTHONPATH")]))}
-    rc = subprocess.run([sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], cwd=ROOT, env=env).returncode
+    log_path = os.path.join(work, "main_ppo.log")
+    rc = run_logged([sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], env, log_path)
+    with open(log_path) as f:
+        decisions = auto_decisions(f.read())
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     rows = []
     if os.path.exists(metrics_path):
@@ -139,6 +155,8 @@ def main() -> int:
     for row in rows:
         cells = [f"{row[k]:.3g}" if isinstance(row.get(k), (int, float)) else "-" for k in SHOWN]
         print(f"| {row['step']} | " + " | ".join(cells) + " |")
+    for line in decisions["lines"]:
+        print(f"auto: {line}")
     if os.environ.get("OUT") and rows:
         shutil.copy(metrics_path, os.path.join(os.environ["OUT"], "agent_loop_metrics.jsonl"))
     shutil.rmtree(work, ignore_errors=True)

@@ -56,3 +56,33 @@ def test_share_of_a_torchrun_node_and_omp_override(machine, monkeypatch):
     fixed = CpuThreads()
     machine(10, busy_cores=4.0, own_cores=0.0)
     assert fixed.threads == 3 and fixed.adjust() == 3 and "OMP_NUM_THREADS" in fixed.describe()
+
+
+@pytest.fixture
+def threads_restored():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_ppo_driver_runs_one_intra_op_thread_unless_omp_num_threads_says(monkeypatch, threads_restored):
+    """On a host another job keeps busy, the driver's small tensor ops waited for descheduled OpenMP threads
+    (12x slower with 2 threads than with 1 on a loaded 2-core machine): run_ppo takes one thread before anything."""
+    from verlx.trainer import main_ppo
+
+    seen = []
+
+    def stop(config):
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("stopped after the thread setting")
+
+    monkeypatch.setattr(main_ppo, "prepare", stop)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    with pytest.raises(RuntimeError, match="stopped after"):
+        main_ppo.run_ppo(None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch.set_num_threads(2)
+    with pytest.raises(RuntimeError, match="stopped after"):
+        main_ppo.run_ppo(None)
+    assert seen == [1, 2]

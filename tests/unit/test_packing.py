@@ -43,6 +43,45 @@ def test_pack_layout_by_hand():
     assert packed.input_ids[0, packed.predictor_index + 1].tolist() == packed.response_targets.tolist()
 
 
+def test_pack_reads_the_host_mask_it_is_given_not_the_device_one():
+    """The worker's batch is on the host before it moves to the device: packing reads that copy, so no device mask
+    is copied back (a sync per micro-batch on a GPU). Meta tensors stand for device tensors that cannot be read."""
+    ids, mask, pos = _layout()
+    on_host = pack_batch(ids, mask, pos, R)
+    device_ids, device_mask, device_pos = (t.to("meta") for t in (ids, mask, pos))
+    packed = pack_batch(device_ids, device_mask, device_pos, R, host_mask=mask)
+    assert packed.seq_lens == on_host.seq_lens == (5, 9, 2)
+    assert torch.equal(packed.cu_seqlens_host, on_host.cu_seqlens_host) and packed.num_real_tokens == 16
+    assert packed.input_ids.shape == (1, 16) and packed.input_ids.device.type == "meta"
+    with pytest.raises(ValueError, match="host copy of attention_mask"):
+        pack_batch(device_ids, device_mask, device_pos, R, host_mask=mask[:2])
+
+
+def test_fsdp_engine_hands_packing_the_host_mask(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from verlx.models import policy
+    from verlx.protocol import DataProto
+    from verlx.workers.engine import Head
+    from verlx.workers.fsdp.engine import FSDPEngine
+
+    seen = []
+
+    def spy(*args, host_mask=None, **kwargs):
+        seen.append(host_mask)
+        return pack_batch(*args, host_mask=host_mask, **kwargs)
+
+    monkeypatch.setattr(policy, "pack_batch", spy)
+    torch.manual_seed(0)
+    model = PolicyModel(AutoModelForCausalLM.from_config(_config("qwen2")).float(), packed=True)
+    ids, mask, pos, resp = _batch(seed=2)
+    mb = DataProto({"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -resp:]})
+    out = FSDPEngine("actor", model).forward([mb], Head())[0]
+    assert len(seen) == 1 and seen[0] is mask  # the micro-batch's own host tensor
+    want, _ = model(ids, mask, pos, resp)
+    torch.testing.assert_close(out["log_prob"], want, rtol=0, atol=0)
+
+
 def test_pad_tail_for_sequence_parallel():
     ids, mask, pos = _layout()
     packed = pack_batch(ids, mask, pos, R, pad_multiple=6, pad_token_id=0)

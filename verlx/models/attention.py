@@ -222,6 +222,14 @@ def packed_attention_kwargs(cu_seqlens: torch.Tensor, cu_seqlens_host: torch.Ten
     return kwargs
 
 
+def prepared_packed_mask(device) -> torch.Tensor:
+    """The decoder's `attention_mask` for a packed call: a 4-D tensor, which transformers' mask creation takes as a
+    prepared mask and returns untouched. Given None instead, it looks for packed sequences in position_ids and
+    ends in `bool(tensor.all())`: a device-to-host sync every forward. packed_attention_forward never reads it
+    (the boundaries travel as cu_seqlens)."""
+    return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
+
+
 @torch.compiler.disable
 def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                              sliding_window: int | None = None, **kwargs):

@@ -31,6 +31,16 @@ class PackedBatch:
     response_shape: tuple[int, int]  # (B, R)
 
 
+class HostCopy:
+    """A host tensor handed through a module call as it is. FSDP2's root pre-forward moves every tensor argument
+    (also inside lists, dicts and dataclasses) to the device; an attribute of a plain object stays where it is."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
 def cu_seqlens_from_lengths(lengths: list[int], device=None) -> torch.Tensor:
     """[0, l0, l0 + l1, ...] as int32 (the dtype varlen kernels take)."""
     out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
@@ -45,11 +55,13 @@ def pack_batch(
     response_length: int,
     pad_multiple: int = 1,
     pad_token_id: int = 0,
+    host_mask: torch.Tensor | None = None,
 ) -> PackedBatch:
     """Pack the real tokens of [B, P + R] inputs into one row.
 
-    All index arithmetic runs on one host copy of the mask: one device sync per micro-batch (none for CPU inputs),
-    and the indices travel back with non-blocking copies.
+    All index arithmetic runs on a host copy of the mask: `host_mask` when the caller has one (the worker's batch
+    is on the host before it moves to the device), else a copy of `attention_mask` (a device sync for device
+    inputs); the indices travel to the device with non-blocking copies.
     """
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"pack_batch expects input_ids and attention_mask of one shape [batch, seq]; got "
@@ -61,7 +73,10 @@ def pack_batch(
     batch, seq = input_ids.shape
     if not 0 < response_length < seq:
         raise ValueError(f"response_length={response_length} must be in (0, {seq}) for inputs of length {seq}")
-    mask = attention_mask.bool().cpu()
+    if host_mask is not None and (host_mask.shape != attention_mask.shape or host_mask.device.type != "cpu"):
+        raise ValueError(f"host_mask must be a host copy of attention_mask {tuple(attention_mask.shape)}; got "
+                         f"{tuple(host_mask.shape)} on {host_mask.device}")
+    mask = (host_mask if host_mask is not None else attention_mask).bool().cpu()
     response_mask = mask[:, seq - response_length:]
     lengths, response_lens = torch.stack([mask.sum(-1), response_mask.sum(-1)]).tolist()
     short = [i for i, (n, r) in enumerate(zip(lengths, response_lens)) if n - r < 1]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verlx.models.attention import packed_attention_kwargs, use_packed_attention
+from verlx.models.attention import packed_attention_kwargs, prepared_packed_mask, use_packed_attention
 from verlx.models.chunked_logprob import chunked_full_kl, chunked_log_probs, chunked_sum_pi_squared
-from verlx.models.packing import ResponseRows, pack_batch
+from verlx.models.packing import HostCopy, ResponseRows, pack_batch
 
 
 def decoder_layers(hf_model: nn.Module) -> list[nn.Module]:
@@ -31,22 +31,30 @@ def _decoder_forward(decoder: nn.Module, input_ids, attention_mask, position_ids
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
+def packed_decoder_forward(decoder: nn.Module, input_ids, position_ids, **attention_kwargs) -> torch.Tensor:
+    """The decoder on a packed [1, T] row; `attention_kwargs` from packed_attention_kwargs."""
+    return _decoder_forward(decoder, input_ids, prepared_packed_mask(input_ids.device), position_ids,
+                            **attention_kwargs)
+
+
 def response_rows(decoder: nn.Module, input_ids, attention_mask, position_ids, response_length: int, packed: bool,
-                  sp_group=None) -> ResponseRows:
-    """Run the decoder and pick the hidden states that predict the response tokens (padded or packed)."""
+                  sp_group=None, host_mask: HostCopy | None = None) -> ResponseRows:
+    """Run the decoder and pick the hidden states that predict the response tokens (padded or packed); packing
+    reads `host_mask` (the attention mask's host copy), when given, instead of copying the device mask back."""
     if not packed:
         hidden = _decoder_forward(decoder, input_ids, attention_mask, position_ids)
         # the hidden state at position t predicts token t+1: the last response_length+1 positions but one
         return ResponseRows.padded(hidden[:, -response_length - 1 : -1], input_ids[:, -response_length:])
     sp = torch.distributed.get_world_size(sp_group) if sp_group is not None else 1
-    batch = pack_batch(input_ids, attention_mask, position_ids, response_length, pad_multiple=sp)
+    batch = pack_batch(input_ids, attention_mask, position_ids, response_length, pad_multiple=sp,
+                       host_mask=host_mask.tensor if host_mask is not None else None)
     ids, pos = batch.input_ids, batch.position_ids
     if sp > 1:
         local = ids.shape[1] // sp
         start = torch.distributed.get_rank(sp_group) * local
         ids, pos = ids[:, start : start + local], pos[:, start : start + local]
     kwargs = packed_attention_kwargs(batch.cu_seqlens, batch.cu_seqlens_host, sp_group if sp > 1 else None)
-    hidden = _decoder_forward(decoder, ids, None, pos, **kwargs)
+    hidden = packed_decoder_forward(decoder, ids, pos, **kwargs)
     return ResponseRows.packed(hidden[0], batch, sp_group if sp > 1 else None)
 
 
@@ -84,14 +92,15 @@ class PolicyModel(nn.Module):
         kl_reference: tuple[torch.Tensor, torch.Tensor] | None = None,
         return_response_hidden: bool = False,
         with_sum_pi_squared: bool = False,
+        host_mask: HostCopy | None = None,
     ):
         """(log_probs, entropy) of the response tokens, [B, R] each; plus the exact per-token KL to `kl_reference`
         (the reference's response hidden states [B, R, H] and output weight) when given; plus, last, sum_v pi_v^2
         per token (no gradient) with with_sum_pi_squared. With return_response_hidden, returns instead this model's
         (response hidden states [B, R, H], output weight), detached copies, for use as another model's
-        kl_reference. Packed: zeros where the response is padding."""
+        kl_reference. Packed: zeros where the response is padding; `host_mask` spares packing a device sync."""
         rows = response_rows(self.hf_model.get_decoder(), input_ids, attention_mask, position_ids, response_length,
-                             self.packed, self.sp_group)
+                             self.packed, self.sp_group, host_mask)
         weight = self.hf_model.get_output_embeddings().weight
         if return_response_hidden:
             return rows.assemble(rows.hidden.detach()).clone(), weight.detach().clone()
@@ -129,9 +138,10 @@ class ValueModel(nn.Module):
     def config(self):
         return self.decoder.config
 
-    def forward(self, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask, position_ids, response_length: int,
+                host_mask: HostCopy | None = None) -> torch.Tensor:
         rows = response_rows(self.decoder, input_ids, attention_mask, position_ids, response_length, self.packed,
-                             self.sp_group)
+                             self.sp_group, host_mask)
         values = self.value_head(rows.hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
         return _owned(rows.assemble(values))
 

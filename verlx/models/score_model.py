@@ -12,7 +12,7 @@ from torch import nn
 
 from verlx.models.attention import packed_attention_kwargs, use_packed_attention
 from verlx.models.packing import cu_seqlens_from_lengths
-from verlx.models.policy import _decoder_forward
+from verlx.models.policy import _decoder_forward, packed_decoder_forward
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -53,6 +53,6 @@ class ScoreModel(nn.Module):
         lengths = mask.sum(-1).cpu()
         cu_host = cu_seqlens_from_lengths(lengths.tolist())
         cu = cu_host.to(input_ids.device, non_blocking=True)
-        hidden = _decoder_forward(self.decoder, input_ids[mask].unsqueeze(0), None, position_ids[mask].unsqueeze(0),
-                                  **packed_attention_kwargs(cu, cu_host))
+        hidden = packed_decoder_forward(self.decoder, input_ids[mask].unsqueeze(0), position_ids[mask].unsqueeze(0),
+                                        **packed_attention_kwargs(cu, cu_host))
         return hidden[0, cu[1:].long() - 1]

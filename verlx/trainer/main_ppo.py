@@ -108,7 +108,9 @@ def run_ppo(config: PPOConfig) -> dict[str, float]:
     """Train. Before Ray starts: the input is checked, the output directories are created, the checkpoint directory
     is locked, and the checkpoint to resume from is picked, verified and compared with this config."""
     from verlx.trainer.ppo_trainer import RayPPOTrainer
+    from verlx.utils.cpu_threads import single_threaded_driver
 
+    single_threaded_driver()  # the driver's small tensor work must not wait on a busy host's cores
     with input_errors("found checking the input before Ray started"):
         use_gpu, tokenizer, train_loader, val_loader, reward_fn = prepare(config)
     try:

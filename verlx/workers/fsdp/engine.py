@@ -14,6 +14,7 @@ from torch.profiler import record_function
 from verlx.batch_columns import MODEL_INPUTS
 from verlx.metrics.accumulator import MetricAccumulator
 from verlx.models.lora import lora_scaling, merged_weights
+from verlx.models.packing import HostCopy
 from verlx.models.ulysses import check_ulysses, sequence_parallel_group
 from verlx.protocol import DataProto
 from verlx.rollout.weight_sync import gather_full, iter_engine_weights
@@ -33,6 +34,12 @@ from verlx.workers.guarded_step import GuardedStepper
 from verlx.workers.micro_batching import MiniBatch, gradient_accumulation
 from verlx.workers.profiling import MICRO_BATCH, OPTIMIZER_STEP
 from verlx.workers.stats import optimizer_state_bytes
+
+
+def host_mask_kwargs(mb: DataProto) -> dict:
+    """The micro-batch's attention mask, while it is still on the host, for packing (no device-to-host copy back)."""
+    mask = mb.batch["attention_mask"]
+    return {"host_mask": HostCopy(mask)} if mask.device.type == "cpu" else {}
 
 
 class FSDPEngine(TrainingEngine):
@@ -119,9 +126,9 @@ class FSDPEngine(TrainingEngine):
     def _run(self, mb: DataProto, head: Head) -> dict:
         inputs = {k: mb.batch[k].to(self._device, non_blocking=True) for k in MODEL_INPUTS}
         response_length = mb.batch["responses"].shape[-1]
+        extra = host_mask_kwargs(mb)
         if head.kind == "values":
-            return {"values": self.module(**inputs, response_length=response_length)}
-        extra = {}
+            return {"values": self.module(**inputs, response_length=response_length, **extra)}
         if head.kind == "response_hidden":
             extra["return_response_hidden"] = True
         names = ["log_prob", "entropy"]
