@@ -35,11 +35,10 @@ def step_batch(rows: int):
 
 
 def driver_work_seconds(rows: int, repeats: int) -> list[float]:
-    from verlx.trainer.metrics import compute_data_metrics
-    from verlx.trainer.perf_metrics import token_counts
-
     from verlx.algorithms.advantages import compute_advantage
     from verlx.config.schema import AlgorithmConfig
+    from verlx.metrics.data import compute_data_metrics
+    from verlx.metrics.throughput import token_counts
     from verlx.utils.seqlen_balancing import balance_batch
 
     cfg = AlgorithmConfig(adv_estimator="grpo")
