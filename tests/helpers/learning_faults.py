@@ -9,13 +9,14 @@ driver (the test monkeypatches it).
 
 from __future__ import annotations
 
-import time
+import contextlib
 
 import torch
 
 from verlx.algorithms.advantages import grpo, register_estimator
 from verlx.algorithms.policy_losses import POLICY_LOSSES
 from verlx.algorithms.policy_losses.ppo import vanilla
+from verlx.rollout.base import PolicyWeights
 from verlx.rollout.native.engine import NativeEngine
 from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
@@ -36,11 +37,13 @@ def vanilla_detached(old_log_prob, log_prob, advantages, response_mask, loss_agg
 
 
 class StaleWeightsNativeEngine(NativeEngine):
-    """(c) The native engine dropping every weight push: it keeps generating with the weights it loaded."""
+    """(c) The native engine dropping every weight push while reporting it complete: it keeps generating with the
+    weights it loaded."""
 
-    def update_weights(self, named_tensors) -> None:
+    def _load_weights(self, named_tensors) -> set[str]:
         for _ in named_tensors:  # the stream is consumed, as a real push would, and thrown away
             pass
+        return set()
 
 
 class ShiftedMaskNativeEngine(NativeEngine):
@@ -60,9 +63,10 @@ class ReferenceRolloutWorker(ActorRolloutRefWorker):
     """(e) The reference used as the actor where the engine gets its weights: every push sends the frozen
     reference's weights, so the engine never generates with what the actor learnt."""
 
-    def _push_weights(self) -> float:
-        start = time.perf_counter()
-        with self._on_device(ref=True):
-            self.engine.update_weights(self.ref.engine.rollout_weights(self.engine_ctx.engine_dtype))
-        self.engine_weights_stale = False
-        return time.perf_counter() - start
+    def _actor_weights(self) -> PolicyWeights | None:
+        @contextlib.contextmanager
+        def stream():
+            with self._on_device(ref=True):
+                yield self.ref.engine.rollout_weights(self.engine_ctx.engine_dtype)
+
+        return PolicyWeights(self.actor_version, stream)
