@@ -15,9 +15,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
-from collections import Counter
-from typing import Any
 
 import yaml
 
@@ -226,38 +223,6 @@ def working_dir(path: str):
         yield
     finally:
         os.chdir(before)
-
-
-def summary(outcomes: list[Outcome]) -> dict[str, Any]:
-    """Counts per status, and the most frequent first problem lines of the refusals and crashes."""
-    counts = Counter(o.status for o in outcomes)
-    reasons = Counter(_first_problem(o.detail) for o in outcomes if o.status != "pass")
-    return {"total": len(outcomes), **{s: counts.get(s, 0) for s in ("pass", "refused", "crash")},
-            "reasons": reasons.most_common()}
-
-
-def _first_problem(detail: str) -> str:
-    lines = [line.strip(" -") for line in detail.splitlines() if line.strip()]
-    text = lines[1] if len(lines) > 1 and lines[0].startswith("invalid config") else (lines[0] if lines else "")
-    return text.split(" (set at ")[0].split("=")[0] if "verlx does not support" in text else text[:160]
-
-
-def blockers(outcome: Outcome) -> set[str]:
-    """What stops a command, one name per missing feature (or per other problem)."""
-    names = set()
-    lines = [line.strip()[2:] for line in outcome.detail.splitlines() if line.strip().startswith("- ")]
-    for line in lines or [outcome.detail]:
-        feature = re.search(r"does not support (.*?) yet", line)
-        names.add(feature.group(1) if feature else line.split(" (set at ")[0][:120])
-    return names
-
-
-def blocker_table(outcomes: list[Outcome]) -> list[tuple[str, int, int]]:
-    """(blocker, commands it blocks, commands it alone blocks), most blocking first."""
-    blocked = [blockers(o) for o in outcomes if o.status != "pass"]
-    names = Counter(name for found in blocked for name in found)
-    alone = Counter(next(iter(found)) for found in blocked if len(found) == 1)
-    return [(name, n, alone.get(name, 0)) for name, n in names.most_common()]
 
 
 def names_a_missing_feature(outcome: Outcome) -> bool:

@@ -132,7 +132,7 @@ def test_missing_tool_file_names_the_key(tmp_path):
 
 
 def test_verls_gsm8k_tool_is_read_as_verlxs_and_answers_as_veRL_does(tmp_path, caplog):
-    """A tool file in veRL's format naming veRL's GSM8K tool class (written here, as a user's multi-turn run has one)."""
+    """A tool file in veRL's format naming veRL's GSM8K tool class (written here, as a user's multi-turn run has)."""
     import logging
 
     from verlx.reward.gsm8k_tool import Gsm8kTool
