@@ -131,13 +131,14 @@ def test_missing_tool_file_names_the_key(tmp_path):
         load_tools(str(tmp_path / "nope.yaml"))
 
 
-def test_verls_gsm8k_tool_is_read_as_verlxs_and_answers_as_veRL_does(tmp_path, caplog):
+def test_verls_gsm8k_tool_is_read_as_verlxs_and_answers_as_veRL_does(tmp_path, caplog, monkeypatch):
     """A tool file in veRL's format naming veRL's GSM8K tool class (written here, as a user's multi-turn run has)."""
     import logging
 
     from verlx.reward.gsm8k_tool import Gsm8kTool
 
     caplog.set_level(logging.INFO)
+    monkeypatch.setattr("verlx.rollout.agent.tool_config._said", set())  # said once a process: say it here
     path = write(tmp_path, """\
         tools:
           - class_name: verl.tools.gsm8k_tool.Gsm8kTool
