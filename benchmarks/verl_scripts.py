@@ -30,6 +30,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests"), os.path.dirname(os.path.abspa
 from verl_scripts_extract import Source, extract, submodule_commit  # noqa: E402
 
 from helpers.launch_commands import (  # noqa: E402
+    DEFAULT_CONFIGS,
     Command,
     Fixtures,
     Outcome,
@@ -78,8 +79,9 @@ REFUSED_BY_VERL = {
 
 def as_command(extracted: dict, root: str, label: str) -> Command:
     """An extracted command as the measure runs it: veRL's own config directory read as verlx's, a script's own in
-    the checkout; the config name kept where the script names it or has a config directory of its own (else the
-    entry point's default); the overrides only, with cluster-given values and `<placeholders>` filled."""
+    the checkout; the config name kept where the script names it, has a config directory of its own or runs a
+    recipe's trainer (else the entry point's default: veRL's fsdp_sft_trainer names sft_trainer, verlx's its own);
+    the overrides only, with cluster-given values and `<placeholders>` filled."""
     config_dir = extracted["config_dir"]
     own = config_dir not in (None, VERL_OWN_CONFIG_DIR)
     named = any(a.split("=")[0] in ("--config-name", "-cn") for a in extracted["argv"])
@@ -94,7 +96,7 @@ def as_command(extracted: dict, root: str, label: str) -> Command:
             overrides.append(_quote_placeholder(arg))
     return Command(f"{label}:{extracted['script']}", extracted["module"], tuple(overrides),
                    extracted["cwd"].replace("{ROOT}", root), os.path.join(root, config_dir) if own else None,
-                   extracted["config_name"] if named or own else None)
+                   extracted["config_name"] if named or own or extracted["module"] not in DEFAULT_CONFIGS else None)
 
 
 def _environment_value(arg: str) -> str:
@@ -116,6 +118,9 @@ FAMILIES = (
     (r"needs DeepEP", "DeepEP options (not installed here)"),
     (r"context_parallel_size|context-parallel", "megatron context parallelism"),
     (r"multi_turn\.enable=true with actor_rollout_ref\.rollout\.name=vllm", "multi-turn tools on vLLM without async"),
+    (r"profiler\.tool=", "profiler tools other than torch (nsys, npu)"),
+    (r"in_pipeline_split", "megatron's uneven pipeline split"),
+    (r"veRL's own classes", "veRL's own classes (tools, agent loops, reward managers)"),
 )
 
 
