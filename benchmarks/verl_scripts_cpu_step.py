@@ -1,5 +1,6 @@
 """veRL's 2026-01 example scripts that train a model of at most 8B on GSM8K or MATH, one training step each on the
-CPU, with verlx's tiny model and real GSM8K rows standing in for theirs.
+CPU, with verlx's tiny model and real GSM8K rows standing in for theirs. The scripts are read from a veRL checkout
+at run time (extracted into a temporary directory as benchmarks/verl_scripts.py does; nothing of veRL is stored).
 
 Every key of the script is kept as written, then these are appended (the last value wins): the data files (GSM8K,
 from /work/shared/data/gsm8k or --gsm8k), the model, critic and tokenizer (verlx.models.tiny), short prompts and
@@ -8,7 +9,7 @@ processes on one node (the script's Ulysses size when larger), the native rollou
 GPU) with tensor parallel size 1, one step, no validation, no checkpoint. A script passes when main_ppo exits 0
 after its step. Each run starts a Ray of its own (a private RAY_TMPDIR, no RAY_ADDRESS).
 
-    python benchmarks/verl_scripts_cpu_step.py --limit 30 --out /tmp/cpu_steps.json
+    python benchmarks/verl_scripts_cpu_step.py --limit 30 --out /tmp/cpu_steps.json     # the 2026-01 mirror
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ import sys
 import tempfile
 import time
 
+from verl_scripts import SETS, as_command
+from verl_scripts_extract import Source, extract, submodule_commit
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+sys.path[:0] = [REPO, os.path.join(REPO, "tests"), os.path.dirname(os.path.abspath(__file__))]
 
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])")
 MAX_BILLIONS = 8.0
@@ -63,14 +67,14 @@ def step_overrides(paths: dict[str, str], out_dir: str, argv: list[str]) -> list
     ]
 
 
-def candidates(limit: int, only: str | None = None) -> list:
+def candidates(commands: list, limit: int, only: str | None = None) -> list:
     """Scripts whose command composes and passes preflight, on GSM8K or MATH, with a model of at most 8B."""
-    from helpers.verl_scripts import kind_of, load_commands, make_fixtures, run_command
+    from helpers.launch_commands import kind_of, make_fixtures, run_command
 
     chosen = []
     with tempfile.TemporaryDirectory() as tmp:
         fixtures = make_fixtures(tmp)
-        for command in load_commands("2026-01"):
+        for command in commands:
             text = " ".join(command.argv)
             model = next((a.split("=", 1)[1] for a in command.argv if a.startswith("actor_rollout_ref.model.path=")),
                          "")
@@ -79,7 +83,7 @@ def candidates(limit: int, only: str | None = None) -> list:
                 continue
             if size is None or float(size.group(1)) > MAX_BILLIONS or "custom_reward_function.path" in text:
                 continue  # (a script's own reward function calls servers of its own)
-            if only and not re.search(only, command.script):
+            if only and not re.search(only, command.label):
                 continue
             if run_command(command, fixtures).status == "pass":
                 chosen.append(command)
@@ -89,10 +93,10 @@ def candidates(limit: int, only: str | None = None) -> list:
 
 
 def run_one(command, paths: dict[str, str], timeout: int) -> dict:
-    from helpers.verl_scripts import Fixtures, substituted_argv
+    from helpers.launch_commands import Fixtures, overrides_of
 
     with tempfile.TemporaryDirectory() as out_dir, tempfile.TemporaryDirectory(prefix="rx", dir="/tmp") as ray_tmp:
-        _, overrides = substituted_argv(command, Fixtures(out_dir, paths["train"], paths["model"], ""))
+        overrides = overrides_of(command, Fixtures(out_dir, paths["train"], paths["model"], ""))
         cmd = [sys.executable, "-m", "verlx.trainer.main_ppo", *overrides, *step_overrides(paths, out_dir, overrides)]
         # a Ray of its own: ray.init without an address joins the cluster a `ray start` on this machine recorded in
         # <temp>/ray/ray_current_cluster (or RAY_ADDRESS); a private temp directory has none
@@ -104,7 +108,7 @@ def run_one(command, paths: dict[str, str], timeout: int) -> dict:
             rc, tail = result.returncode, (result.stdout + result.stderr)[-1500:]
         except subprocess.TimeoutExpired:
             rc, tail = 124, f"timed out after {timeout} s"
-    return {"script": command.script, "rc": rc, "seconds": round(time.perf_counter() - start, 1),
+    return {"script": command.label, "rc": rc, "seconds": round(time.perf_counter() - start, 1),
             "tail": "" if rc == 0 else tail}
 
 
@@ -115,10 +119,13 @@ def main() -> None:
     parser.add_argument("--gsm8k", default="/work/shared/data/gsm8k")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "verl_scripts_cpu_step.json"))
+    parser.add_argument("--set", default="2026-01", choices=sorted(SETS), help="the veRL checkout (local mirror)")
     args = parser.parse_args()
-    chosen = candidates(args.limit, args.only)
-    print(f"{len(chosen)} scripts", flush=True)
+    verl, recipe_git = SETS[args.set]
     with tempfile.TemporaryDirectory() as tmp:
+        root, extracted, _ = extract(verl, Source(recipe_git, submodule_commit(verl)), tmp, args.only)
+        chosen = candidates([as_command(c, root, args.set) for c in extracted], args.limit, args.only)
+        print(f"{len(chosen)} scripts", flush=True)
         paths = stand_ins(tmp, args.gsm8k)
         results = []
         for command in chosen:

@@ -1,37 +1,37 @@
-"""Write veRL's example launch scripts' trainer command lines out as test data (run once; reads local mirrors only).
+"""Extract the trainer command lines of veRL's example launch scripts from a veRL checkout, into a temporary directory.
 
-Each set (a veRL commit plus the commit of its recipe submodule) is checked out into a temporary directory, and
-every `*.sh` under examples/ and recipe/ runs there with bash under a PATH whose `python`, `python3`, `uv`,
-`torchrun`, `ray`, `hf`, `nvidia-smi`, `pip`, ... are recording shims: each writes its argv and working directory
-as one JSON line and exits 0 (nvidia-smi reports 8 GPUs; `python -c` probes fail, as without torch_npu). Shell
-variables fall back to the scripts' own defaults; HOME and the checkout are temporary and written back as the
-placeholders {HOME} and {VERL_ROOT}. Invocations of veRL trainer entry points are kept with the argv after the
-module, the config directory their Hydra config comes from (relative to the checkout) and the config name; the
-YAML files of a script's own config directory are copied next to the data (Apache-2.0, see the README there).
-
-    python benchmarks/verl_scripts_extract.py            # rewrites tests/data/verl_scripts/
+A copy of the checkout (a directory, or a commit of a git repository written out with `git archive`; its recipe
+submodule likewise) is made under the caller's temporary directory, and every `*.sh` under examples/ and recipe/
+runs there with bash under a PATH whose `python`, `python3`, `uv`, `torchrun`, `ray`, `hf`, `nvidia-smi`, `pip`,
+... are recording shims: each writes its argv and working directory as one JSON line and exits 0 (nvidia-smi
+reports 8 GPUs; `python -c` probes fail, as without torch_npu). Shell variables fall back to the scripts' own
+defaults; HOME and the checkout are temporary and written as the placeholders {HOME} and {ROOT}. Invocations of
+veRL trainer entry points are kept with the argv after the module, and the config directory their Hydra config
+comes from (relative to the checkout) and the config name. Nothing is written into this repository: veRL's files
+are read to measure verlx against them (benchmarks/verl_scripts.py), never stored.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import re
 import shutil
 import stat
 import subprocess
-import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT_DIR = os.path.join(REPO, "tests", "data", "verl_scripts")
-MIRRORS = "/work/.mirror"
-SETS = {
-    "2026-01": {"repo": "volcengine+verl", "commit": "b178a3cd56f58b2d502255daba591e92833930a7",
-                "recipe_repo": "verl-project+verl-recipe", "recipe_commit": "21892b9276936efab5375c3f6b8415e472ef7118"},
-    "2026-08": {"repo": "verl-project+verl", "commit": "1dda039b9c6311889a9c9a26040677e1254814f9",
-                "recipe_repo": "verl-project+verl-recipe", "recipe_commit": "e7f889574b8301cc0f0fc1d57c6d67f31ffeb689"},
-}
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A directory (copied as it is), or a git repository (bare or not) and a commit of it."""
+
+    location: str
+    commit: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.location}@{self.commit}" if self.commit else self.location
+
 SHIMMED = ("python", "python3", "python3.10", "python3.11", "python3.12", "uv", "uvx", "torchrun", "ray",
            "huggingface-cli", "hf", "nvidia-smi", "npu-smi", "pip", "pip3", "wget", "curl", "git", "sudo", "docker",
            "srun", "sbatch", "scontrol", "ssh", "scp", "sleep", "modelscope", "wandb", "mlflow", "tensorboard",
@@ -65,11 +65,24 @@ with open(os.environ["VERL_EXTRACT_LOG"], "a") as f:
 '''
 
 
-def checkout(mirror: str, commit: str, dest: str) -> None:
-    git_dir = os.path.join(MIRRORS, mirror, "repo")
+def checkout(source: Source, dest: str) -> None:
+    """Write the source's files into `dest` (the scripts run there, never in the source itself)."""
+    if source.commit is None:
+        shutil.copytree(source.location, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+        return
     os.makedirs(dest, exist_ok=True)
-    archive = subprocess.run(["git", "-C", git_dir, "archive", commit], check=True, capture_output=True).stdout
+    archive = subprocess.run(["git", "-C", source.location, "archive", source.commit], check=True,
+                             capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+
+
+def submodule_commit(source: Source, path: str = "recipe") -> str | None:
+    """The commit a git source's tree pins its submodule at (None for a directory, or without one)."""
+    if source.commit is None:
+        return None
+    listing = subprocess.run(["git", "-C", source.location, "ls-tree", source.commit, path], check=True,
+                             capture_output=True, text=True).stdout.split()
+    return listing[2] if len(listing) >= 3 and listing[1] == "commit" else None
 
 
 def make_shims(directory: str) -> None:
@@ -189,21 +202,8 @@ def hydra_flag(argv: list[str], long: str, short: str) -> str | None:
     return value
 
 
-def referenced_files(root: str, cwd: str, argv: list[str]) -> list[str]:
-    """YAML and JSON files of the checkout an override names (tool and interaction configs), relative to the root."""
-    found = []
-    for arg in argv:
-        value = arg.split("=", 1)[1] if "=" in arg else ""
-        if not value.endswith((".yaml", ".yml", ".json")):
-            continue
-        path = os.path.normpath(value if os.path.isabs(value) else os.path.join(cwd, value))
-        if os.path.isfile(path) and path.startswith(root + os.sep):
-            found.append(os.path.relpath(path, root))
-    return found
-
-
 def placeholders(text: str, root: str, home: str) -> str:
-    return text.replace(root, "{VERL_ROOT}").replace(home, "{HOME}")
+    return text.replace(root, "{ROOT}").replace(home, "{HOME}")
 
 
 def config_location(root: str, record: dict, module: str, argv: list[str]) -> tuple[str | None, str | None]:
@@ -224,11 +224,14 @@ def config_location(root: str, record: dict, module: str, argv: list[str]) -> tu
     return os.path.relpath(directory, root), name
 
 
-def extract(source: dict, workdir: str, only: str | None = None) -> tuple[list[dict], dict[str, str], list[dict]]:
+def extract(verl: Source, recipe: Source | None, workdir: str, only: str | None = None
+            ) -> tuple[str, list[dict], list[dict]]:
+    """(the checkout's directory under `workdir`, the trainer commands, the scripts that launched none)."""
     root, home = os.path.join(workdir, "verl"), os.path.join(workdir, "home")
-    checkout(source["repo"], source["commit"], root)
-    shutil.rmtree(os.path.join(root, "recipe"), ignore_errors=True)
-    checkout(source["recipe_repo"], source["recipe_commit"], os.path.join(root, "recipe"))
+    checkout(verl, root)
+    if recipe is not None:
+        shutil.rmtree(os.path.join(root, "recipe"), ignore_errors=True)
+        checkout(recipe, os.path.join(root, "recipe"))
     os.makedirs(home)
     make_shims(os.path.join(workdir, "shims"))
     with open(os.path.join(workdir, "bash_env"), "w") as f:
@@ -236,7 +239,7 @@ def extract(source: dict, workdir: str, only: str | None = None) -> tuple[list[d
     scripts = sorted(os.path.relpath(os.path.join(d, f), root) for top in ("examples", "recipe")
                      for d, _, files in os.walk(os.path.join(root, top)) for f in files if f.endswith(".sh"))
     scripts = [s for s in scripts if only is None or re.search(only, s)]
-    commands, yamls, skipped = [], {}, []
+    commands, skipped = [], []
     for script in scripts:
         records, found = run_until_launch(root, script, workdir)
         if not found:
@@ -255,40 +258,4 @@ def extract(source: dict, workdir: str, only: str | None = None) -> tuple[list[d
                 "config_dir": config_dir, "config_name": config_name,
                 "argv": [placeholders(a, root, home) for a in argv if a not in POSITIONAL or "=" in a],
             })
-            for rel in referenced_files(root, record["cwd"], argv):
-                with open(os.path.join(root, rel)) as f:
-                    yamls[rel] = f.read()
-            if config_dir and config_dir != "verl/trainer/config" and os.path.isdir(os.path.join(root, config_dir)):
-                for name in sorted(os.listdir(os.path.join(root, config_dir))):
-                    if name.endswith((".yaml", ".yml")):
-                        rel = os.path.join(config_dir, name)
-                        with open(os.path.join(root, rel)) as f:
-                            yamls[rel] = f.read()
-    return commands, yamls, skipped
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=OUT_DIR)
-    parser.add_argument("--only", help="a regex: extract the scripts it matches (to look at them; not for the data)")
-    args = parser.parse_args()
-    for set_name, source in SETS.items():
-        with tempfile.TemporaryDirectory() as workdir:
-            commands, yamls, skipped = extract(source, workdir, args.only)
-        target = os.path.join(args.out, set_name)
-        shutil.rmtree(target, ignore_errors=True)
-        os.makedirs(target)
-        for rel, text in yamls.items():
-            os.makedirs(os.path.dirname(os.path.join(target, "configs", rel)), exist_ok=True)
-            with open(os.path.join(target, "configs", rel), "w") as f:
-                f.write(text)
-        with open(os.path.join(target, "commands.json"), "w") as f:
-            json.dump({"source": source, "commands": commands, "scripts_without_a_trainer_command": skipped}, f,
-                      indent=1)
-            f.write("\n")
-        print(f"{set_name}: {len(commands)} commands from {len({c['script'] for c in commands})} scripts, "
-              f"{len(yamls)} config files")
-
-
-if __name__ == "__main__":
-    main()
+    return root, commands, skipped

@@ -131,18 +131,34 @@ def test_missing_tool_file_names_the_key(tmp_path):
         load_tools(str(tmp_path / "nope.yaml"))
 
 
-def test_verls_gsm8k_tool_is_read_as_verlxs_and_answers_as_veRL_does(caplog):
-    """The tool file of veRL's GSM8K multi-turn examples (stored with the compatibility suite's scripts)."""
+def test_verls_gsm8k_tool_is_read_as_verlxs_and_answers_as_veRL_does(tmp_path, caplog, monkeypatch):
+    """A tool file in veRL's format naming veRL's GSM8K tool class (written here, as a user's multi-turn run has)."""
     import logging
-    import os
 
     from verlx.reward.gsm8k_tool import Gsm8kTool
 
     caplog.set_level(logging.INFO)
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "verl_scripts", "2026-01", "configs",
-                        "examples", "sglang_multiturn", "config", "tool_config", "gsm8k_tool_config.yaml")
+    monkeypatch.setattr("verlx.rollout.agent.tool_config._said", set())  # said once a process: say it here
+    path = write(tmp_path, """\
+        tools:
+          - class_name: verl.tools.gsm8k_tool.Gsm8kTool
+            config:
+              type: native
+            tool_schema:
+              type: function
+              function:
+                name: calc_gsm8k_reward
+                description: Scores the final answer to a grade-school math question (ours, 1.0 when right).
+                parameters:
+                  type: object
+                  properties:
+                    answer:
+                      type: string
+                      description: the final answer
+                  required: [answer]
+        """)
     tool = load_tools(path)["calc_gsm8k_reward"]
-    assert isinstance(tool, Gsm8kTool) and "A tool for calculating the reward of gsm8k. (1.0" in \
+    assert isinstance(tool, Gsm8kTool) and "Scores the final answer to a grade-school math question (ours" in \
         tool.schema["function"]["description"]  # the file's own schema
     assert "tool class verl.tools.gsm8k_tool.Gsm8kTool (veRL's) is read as verlx's" in caplog.text
     kwargs = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}

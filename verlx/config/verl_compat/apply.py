@@ -202,11 +202,22 @@ class Translation:
             self.moves.append((new, value))
             self.report.note(row.level, f"{dotted} is read as {new} ({row.why})")
         elif isinstance(row, Ignored):
+            self.judge_refused_within(dotted, value)
             self.report.note(logging.INFO if row.quiet else logging.WARNING, f"{dotted} is ignored: {row.why}")
         elif isinstance(row, Refused):
             self.judge(row, dotted, value)
         elif isinstance(row, Joined):
             self.join(row, dotted, self.resolved(dotted, value))
+
+    def judge_refused_within(self, dotted: str, value: Any) -> None:
+        """An ignored section may hold keys refused on their own (SFT's engine.param_offload under the ignored
+        engine section): each of those that asks for its feature is still an error."""
+        if not isinstance(value, dict):
+            return
+        for leaf, raw in _leaves(value, dotted):
+            row = self.table.row_for(leaf)
+            if isinstance(row, Refused):
+                self.judge(row, leaf, raw, quiet=True)
 
     def join(self, row: Joined, dotted: str, fields: Any) -> None:
         if fields is None:

@@ -1,0 +1,277 @@
+"""Launch command lines written for veRL (`python -m verl.trainer.<entry point> ...`) composed, typed and
+preflighted by verlx in this process, without Ray, downloads or GPUs.
+
+Each command keeps its argv as written, with `verl.` read as `verlx.`. After composing, the paths the preflight
+opens are pointed at tiny local stand-ins (`Fixtures`): every data file, the model, critic and reward-model
+directories (and the reward model's input tokenizer), the reward-function file. Everything else is checked as
+written: the batch arithmetic of the GPU counts, the names of estimators, losses and engines, the refused and
+unknown keys. Used by tests/unit/test_launch_commands.py (our own corpus) and benchmarks/verl_scripts.py (veRL's
+example scripts, extracted from a checkout at run time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+
+import yaml
+
+# veRL entry point → (what verlx runs, the kind of config it composes)
+ENTRY_POINTS = {
+    "verl.trainer.main_ppo": ("verlx.trainer.main_ppo", "ppo"),
+    "verl.trainer.fsdp_sft_trainer": ("verlx.trainer.fsdp_sft_trainer", "sft"),
+    "verl.trainer.sft_trainer": ("verlx.trainer.sft_trainer", "sft"),
+    "verl.trainer.main_generation": ("verlx.trainer.main_generation", "generation"),
+    "verl.trainer.main_generation_server": ("verlx.trainer.main_generation_server", "generation_server"),
+    "verl.trainer.main_eval": ("verlx.trainer.main_eval", "evaluation"),
+}
+# The config each entry point composes when the command names none (veRL's fsdp_sft_trainer defaults to its
+# sft_trainer.yaml, which verlx calls fsdp_sft_trainer.yaml)
+DEFAULT_CONFIGS = {"verl.trainer.main_ppo": "ppo_trainer", "verl.trainer.fsdp_sft_trainer": "fsdp_sft_trainer",
+                   "verl.trainer.sft_trainer": "sft_trainer_engine", "verl.trainer.main_generation": "generation",
+                   "verl.trainer.main_generation_server": "ppo_trainer", "verl.trainer.main_eval": "evaluation"}
+PPO_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One launch: `module` (veRL's name), its argv after the module, the directory of a config of the command's
+    own (None: verlx's config directory) and the config name (None: the entry point's default). `root` is the
+    working directory relative paths are read from, and what `{ROOT}` in the argv stands for."""
+
+    label: str
+    module: str
+    argv: tuple[str, ...]
+    root: str
+    config_dir: str | None = None
+    config_name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    command: Command
+    status: str  # "pass", "refused" (an input error, exit 2: the message names what to change) or "crash"
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixtures:
+    """The tiny local files that stand in for the commands' data, models and reward functions."""
+
+    home: str
+    data_file: str
+    model_dir: str
+    reward_file: str
+
+
+def command_from_line(label: str, module: str, argv: list[str], root: str) -> Command:
+    """A command as verlx's entry point reads its Hydra flags: `--config-name`, and `--config-path` relative to the
+    working directory `root` (`config`, as veRL's scripts write it for veRL's own configs, is verlx's)."""
+    from verlx.config.loader import CONFIG_DIR
+    from verlx.config.verl_compat.compose import resolve_config_dir
+    from verlx.trainer.entrypoint import split_command_line
+
+    flags, _ = split_command_line(list(argv))
+    name = flags[flags.index("--config-name") + 1] if "--config-name" in flags else None
+    path = flags[flags.index("--config-path") + 1] if "--config-path" in flags else None
+    with working_dir(root):
+        directory = resolve_config_dir(path, name or DEFAULT_CONFIGS.get(module, "ppo_trainer"))
+    return Command(label, module, tuple(argv), root, None if directory == CONFIG_DIR else directory, name)
+
+
+def composes_ppo_trainer(command: Command) -> bool:
+    """The command's config is veRL's ppo_trainer, or a YAML of its own whose defaults list leads to it."""
+    name = (command.config_name or "").removesuffix(".yaml")
+    for _ in range(4):
+        if name in PPO_CONFIGS:
+            return True
+        path = os.path.join(command.config_dir, f"{name}.yaml") if command.config_dir else None
+        if path is None or not os.path.isfile(path):
+            return False
+        with open(path) as f:
+            defaults = (yaml.safe_load(f) or {}).get("defaults") or []
+        names = [d for d in defaults if isinstance(d, str) and d != "_self_"]
+        if not names:
+            return False
+        name = names[0]
+    return False
+
+
+def kind_of(command: Command) -> str | None:
+    """ppo, sft, generation, generation_server or evaluation; None for a recipe's own trainer."""
+    if command.module in ENTRY_POINTS:
+        return ENTRY_POINTS[command.module][1]
+    return "ppo" if composes_ppo_trainer(command) else None
+
+
+def overrides_of(command: Command, fixtures: Fixtures) -> list[str]:
+    """The key=value overrides, `{HOME}` and `{ROOT}` filled, Hydra's flags left out (Hydra's own parser)."""
+    from verlx.trainer.entrypoint import override_args
+
+    argv = [a.replace("{HOME}", fixtures.home).replace("{ROOT}", command.root) for a in command.argv]
+    return override_args(argv)
+
+
+def config_location(command: Command) -> tuple[str, str]:
+    from verlx.config.loader import CONFIG_DIR
+
+    name = command.config_name or DEFAULT_CONFIGS.get(command.module, "ppo_trainer")
+    return command.config_dir or CONFIG_DIR, name.removesuffix(".yaml")
+
+
+def run_command(command: Command, fixtures: Fixtures) -> Outcome:
+    """Compose, type and preflight one command; what stopped it, if anything."""
+    from verlx.utils.errors import VerlxError
+
+    kind = kind_of(command)
+    if kind is None:
+        return Outcome(command, "refused", f"verlx does not support the recipe's own trainer {command.module} (its "
+                       "config does not compose veRL's ppo_trainer)")
+    try:
+        with working_dir(command.root):  # relative paths (tool configs) as the command's working directory has them
+            PREFLIGHTS[kind](command, fixtures)
+    except VerlxError as e:
+        return Outcome(command, "refused" if e.exit_code == 2 else "crash", str(e))
+    except Exception as e:  # noqa: BLE001 - a crash is what the measure exists to find
+        return Outcome(command, "crash", f"{type(e).__name__}: {e}")
+    return Outcome(command, "pass")
+
+
+def _compose(command: Command, fixtures: Fixtures, schema: type):
+    from verlx.config.verl_compat.compose import compose_config
+
+    config_dir, name = config_location(command)
+    return compose_config(name, overrides_of(command, fixtures), schema, config_dir, log=False)
+
+
+def _preflight_ppo(command: Command, fixtures: Fixtures) -> None:
+    from verlx.config.schema import PPOConfig
+    from verlx.trainer.preflight import validate
+
+    cfg = _compose(command, fixtures, PPOConfig)
+    point_ppo_paths_at(cfg, fixtures)
+    validate(cfg)
+
+
+def point_ppo_paths_at(cfg, fixtures: Fixtures) -> None:
+    d, model = cfg.data, cfg.actor_rollout_ref.model
+    d.train_files = fixtures.data_file
+    d.val_files = None if d.val_files is None else fixtures.data_file
+    model.path = fixtures.model_dir
+    model.tokenizer_path = None if model.tokenizer_path is None else fixtures.model_dir
+    if cfg.critic.model.path is not None:
+        cfg.critic.model.path = fixtures.model_dir
+    cfg.critic.model.tokenizer_path = None
+    if cfg.custom_reward_function.path is not None:
+        cfg.custom_reward_function.path = fixtures.reward_file
+    rm = cfg.reward_model.model
+    rm.path = None if rm.path is None else fixtures.model_dir
+    rm.input_tokenizer = None if rm.input_tokenizer is None else fixtures.model_dir
+
+
+def _preflight_sft(command: Command, fixtures: Fixtures) -> None:
+    from verlx.config.sft import SFTConfig
+    from verlx.trainer.preflight_sft import validate_sft
+
+    cfg = _compose(command, fixtures, SFTConfig)
+    cfg.data.train_files = fixtures.data_file
+    cfg.data.val_files = None if cfg.data.val_files is None else fixtures.data_file
+    cfg.model.partial_pretrain = fixtures.model_dir
+    t = cfg.trainer
+    validate_sft(cfg, (t.nnodes or 1) * (t.n_gpus_per_node or 8))
+
+
+def _preflight_generation(command: Command, fixtures: Fixtures) -> None:
+    from verlx.config.generation import GenerationConfig
+    from verlx.trainer.main_generation import validate
+
+    cfg = _compose(command, fixtures, GenerationConfig)
+    cfg.data.path = fixtures.data_file
+    cfg.model.path = fixtures.model_dir
+    cfg.model.tokenizer_path = None
+    validate(cfg)
+
+
+def _preflight_generation_server(command: Command, fixtures: Fixtures) -> None:
+    from verlx.trainer.main_generation import validate
+    from verlx.trainer.main_generation_server import generation_config, load_server_config
+
+    config_dir, name = config_location(command)
+    ppo, output_path = load_server_config(name, overrides_of(command, fixtures), config_dir)
+    point_ppo_paths_at(ppo, fixtures)
+    validate(generation_config(ppo, output_path))
+
+
+def _preflight_evaluation(command: Command, fixtures: Fixtures) -> None:
+    """main_eval checks its input file as it reads it; composing and typing the config is its preflight."""
+    from verlx.config.evaluation import EvaluationConfig
+
+    _compose(command, fixtures, EvaluationConfig)
+
+
+PREFLIGHTS = {"ppo": _preflight_ppo, "sft": _preflight_sft, "generation": _preflight_generation,
+              "generation_server": _preflight_generation_server, "evaluation": _preflight_evaluation}
+
+
+@contextlib.contextmanager
+def working_dir(path: str):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def names_a_missing_feature(outcome: Outcome) -> bool:
+    """A refusal every problem of which names a feature verlx lacks (a row of docs/verl_compat.md, or a preflight
+    check of something verlx does not support), rather than a key it does not know."""
+    if outcome.status != "refused":
+        return False
+    problems = [line for line in outcome.detail.splitlines() if line.strip().startswith("- ")] or [outcome.detail]
+    return all("does not support" in p or "not supported" in p for p in problems)
+
+
+# The stand-in model's shape: the preflight checks tensor, pipeline and Ulysses sizes against the model's heads and
+# layers, so the stand-in admits the layouts used for 0.5B-671B models (heads and key/value heads divisible by
+# 1-32, layers by pipeline × virtual-pipeline sizes up to 96).
+STAND_IN_SHAPE = {"hidden_size": 2048, "num_attention_heads": 64, "num_key_value_heads": 32,
+                  "num_hidden_layers": 96, "intermediate_size": 4096, "vocab_size": 1024}
+
+
+def shaped_model_dir(path: str) -> str:
+    """The tiny model's tokenizer with a config.json of STAND_IN_SHAPE (no weights: nothing here loads them)."""
+    from helpers.tiny_tokenizer import save_tiny_qwen2
+
+    save_tiny_qwen2(path)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config.update(STAND_IN_SHAPE)
+    config["head_dim"] = STAND_IN_SHAPE["hidden_size"] // STAND_IN_SHAPE["num_attention_heads"]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    for name in os.listdir(path):
+        if name.endswith(".safetensors"):
+            os.remove(os.path.join(path, name))
+    return path
+
+
+def make_fixtures(directory: str) -> Fixtures:
+    """A tiny model, a parquet file in veRL's RL schema and a reward-function file, under `directory`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    home = os.path.join(directory, "home")
+    os.makedirs(home, exist_ok=True)
+    model_dir = shaped_model_dir(os.path.join(directory, "model"))
+    data_file = os.path.join(directory, "data.parquet")
+    pq.write_table(pa.table({
+        "prompt": [[{"role": "user", "content": "1+1=?"}]], "data_source": ["openai/gsm8k"],
+        "reward_model": [{"ground_truth": "2", "style": "rule"}], "extra_info": [{"question": "1+1=?",
+                                                                                 "answer": "#### 2"}]}), data_file)
+    reward_file = os.path.join(directory, "reward.py")
+    with open(reward_file, "w") as f:
+        f.write("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    return Fixtures(home, data_file, model_dir, reward_file)

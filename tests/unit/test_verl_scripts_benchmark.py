@@ -1,0 +1,53 @@
+"""benchmarks/verl_scripts.py on a checkout written here (a veRL-shaped tree: two launch scripts, a trainer module
+with its @hydra.main, a script that launches no trainer): the scripts run under the recording shims, and each launch
+is counted as passing or refused with its family. veRL's real checkouts are measured by hand (docs/verl_compat.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PASSING = """\
+#!/usr/bin/env bash
+set -x
+MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
+python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.train_files=$HOME/d/train.parquet \\
+    data.train_batch_size=64 actor_rollout_ref.model.path=$MODEL actor_rollout_ref.actor.ppo_mini_batch_size=16 \\
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=4 trainer.n_gpus_per_node=8 trainer.nnodes=1 $@
+"""
+REFUSED = """\
+#!/usr/bin/env bash
+NGPUS=$1
+torchrun --nproc_per_node=$NGPUS -m verl.trainer.main_ppo data.train_files=$HOME/d/train.parquet \\
+    data.image_key=images actor_rollout_ref.model.path=Qwen/Qwen2.5-VL-3B-Instruct trainer.n_gpus_per_node=$NGPUS
+"""
+NO_TRAINER = "#!/usr/bin/env bash\npython3 examples/data_preprocess/make_data.py --out $HOME/d\n"
+TRAINER_MODULE = '@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)\ndef main(c):\n' \
+                 '    pass\n'
+
+
+def write_checkout(root) -> None:
+    files = {"examples/grpo/run_small.sh": PASSING, "examples/grpo/run_vision.sh": REFUSED,
+             "examples/data_preprocess/prepare.sh": NO_TRAINER, "verl/trainer/main_ppo.py": TRAINER_MODULE,
+             "verl/trainer/config/ppo_trainer.yaml": "data: {}\n", "recipe/README.md": "no recipes\n"}
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_benchmark_counts_a_checkouts_launches_and_names_the_refusal_family(tmp_path):
+    write_checkout(tmp_path / "verl")
+    before = sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs)
+    proc = subprocess.run([sys.executable, "benchmarks/verl_scripts.py", "--verl-checkout", str(tmp_path / "verl"),
+                           "--label", "synthetic"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "1/2 compose and pass preflight (50%); 1 refused: 1 naming a missing feature, 0 refused by veRL too, " \
+           "0 otherwise; 0 crashed; 1 scripts launch no trainer" in out, out
+    assert "vision-language models (image, video and audio inputs)" in out.splitlines()[-1], out
+    assert sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs) == before  # ran in a copy
