@@ -1,38 +1,31 @@
 #!/usr/bin/env bash
-# GRPO on GSM8K with Qwen2-7B-Instruct on 8 GPUs: FSDP2 over 8 ranks, rollout tensor-parallel groups of 2.
+# GRPO on GSM8K with Qwen2-7B-Instruct on one node of 8 GPUs: the actor and the reference sharded over the 8 ranks
+# with FSDP2, the rollout engine in tensor-parallel pairs (4 replicas). Micro-batches, token budgets and activation
+# checkpointing are left to the workers (they size them from the free memory at start).
 set -euo pipefail
 ENGINE=${ENGINE:-vllm}
+DATA=${DATA:-$HOME/data/gsm8k}
+MODEL=${MODEL:-$HOME/models/Qwen2-7B-Instruct}
 python3 -m verlx.trainer.main_ppo \
-    algorithm.adv_estimator=grpo \
-    data.train_files=$HOME/data/gsm8k/train.parquet \
-    data.val_files=$HOME/data/gsm8k/test.parquet \
-    data.train_batch_size=1024 \
+    data.train_files=$DATA/train.parquet \
+    data.val_files=$DATA/test.parquet \
+    data.train_batch_size=512 \
     data.max_prompt_length=512 \
     data.max_response_length=1024 \
-    data.filter_overlong_prompts=True \
-    data.truncation='error' \
-    actor_rollout_ref.model.path=$HOME/models/Qwen2-7B-Instruct \
-    actor_rollout_ref.actor.optim.lr=1e-6 \
-    actor_rollout_ref.model.use_remove_padding=True \
-    actor_rollout_ref.actor.ppo_mini_batch_size=256 \
-    actor_rollout_ref.actor.use_kl_loss=True \
-    actor_rollout_ref.actor.kl_loss_coef=0.001 \
-    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
-    actor_rollout_ref.actor.entropy_coeff=0 \
-    actor_rollout_ref.actor.fsdp_config.param_offload=False \
-    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.model.path=$MODEL \
+    algorithm.adv_estimator=grpo \
     actor_rollout_ref.rollout.name=$ENGINE \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
-    actor_rollout_ref.rollout.n=5 \
-    actor_rollout_ref.ref.fsdp_config.param_offload=True \
-    algorithm.use_kl_in_reward=False \
-    trainer.critic_warmup=0 \
-    trainer.logger='["console","file"]' \
-    trainer.project_name=verlx_grpo_gsm8k \
-    trainer.experiment_name=qwen2_7b_grpo \
+    actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=128 \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.use_kl_loss=true \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.ref.fsdp_config.param_offload=true \
     trainer.n_gpus_per_node=8 \
-    trainer.nnodes=1 \
-    trainer.save_freq=20 \
-    trainer.test_freq=5 \
-    trainer.total_epochs=15 "$@"
+    trainer.logger='[console,file]' \
+    trainer.project_name=verlx_gsm8k \
+    trainer.experiment_name=qwen2_7b_grpo_8gpu \
+    trainer.test_freq=10 \
+    trainer.save_freq=50 \
+    trainer.total_epochs=10 "$@"

@@ -105,8 +105,8 @@ CASES = [
      "{d}/train.parquet row 0: the prompt is "),
     ("a typo in a key", lambda m, d, t: ["actor_rollout_ref.actor.optim.lrr=1e-6"],
      "unknown key 'actor_rollout_ref.actor.optim.lrr'. Did you mean 'lr'?"),
-    ("custom_reward_function under reward", lambda m, d, t: ["+reward.custom_reward_function.path=r.py"],
-     "unknown key 'reward.custom_reward_function'. Keys under 'reward': "),
+    ("a key in the wrong section", lambda m, d, t: ["+trainer.adv_estimator=grpo"],
+     "unknown key 'trainer.adv_estimator'. "),
     ("JSON Lines instead of parquet", lambda m, d, t: [f"data.train_files={rewritten(d, t, 'train.jsonl', None)}"],
      "{t}/train.jsonl is not a parquet file: it starts with '{{' like JSON or JSON Lines."),
     ("prompts that are strings",
@@ -118,7 +118,7 @@ CASES = [
     ("an empty validation file", lambda m, d, t: [f"data.val_files={empty_validation_file(d, t)}"],
      "no usable prompts in ['{t}/empty.parquet']"),
 ]
-MISPLACED_HINT = "'custom_reward_function' is at custom_reward_function: did you mean custom_reward_function.path=...?"
+MISPLACED_HINT = "'adv_estimator' is at algorithm.adv_estimator: did you mean algorithm.adv_estimator=...?"
 
 
 def strings_for_messages(rows):
@@ -169,7 +169,7 @@ def test_bad_input_is_refused_before_ray_with_a_message(case, setup, expected, t
                                                        *overrides))
     assert code == 2, output[-3000:]
     assert expected.format(t=tmp_path, d=arithmetic_data_dir) in stderr, stderr[-3000:]
-    if case == "custom_reward_function under reward":
+    if case == "a key in the wrong section":
         assert MISPLACED_HINT in stderr
     assert "error: " in stderr
     assert "Traceback" not in output and "HYDRA_FULL_ERROR" not in output

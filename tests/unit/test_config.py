@@ -4,78 +4,78 @@ from __future__ import annotations
 
 import pytest
 
-from verlx.config.loader import ConfigError, build, check_override_keys, load_yaml, to_container
+from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 from verlx.trainer.preflight import validate
 
-# The quick-start command of veRL's own docs (docs/start/quickstart.rst), with `verl` → `verlx`.
-VERL_QUICKSTART = [
-    "data.train_files=/home/user/data/gsm8k/train.parquet",
-    "data.val_files=/home/user/data/gsm8k/test.parquet",
-    "data.train_batch_size=256",
-    "data.max_prompt_length=512",
-    "data.max_response_length=512",
-    "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "actor_rollout_ref.rollout.name=vllm",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-    "critic.optim.lr=1e-5",
-    "critic.model.path=Qwen/Qwen2.5-0.5B-Instruct",
-    "critic.ppo_micro_batch_size_per_gpu=4",
-    "algorithm.kl_ctrl.kl_coef=0.001",
+# Command lines in the style veRL users write (veRL's key names, micro-batch sizes set by hand), our own values.
+VERL_STYLE_PPO = [
+    "algorithm.adv_estimator=gae",
+    "data.train_files=/data/gsm8k/train.parquet",
+    "data.val_files=/data/gsm8k/test.parquet",
+    "data.train_batch_size=128",
+    "data.max_prompt_length=384",
+    "data.max_response_length=640",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct",
+    "actor_rollout_ref.actor.optim.lr=2e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.name=sglang",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+    "critic.model.path=Qwen/Qwen2.5-1.5B-Instruct",
+    "critic.optim.lr=5e-6",
+    "critic.ppo_micro_batch_size_per_gpu=8",
+    "algorithm.kl_ctrl.kl_coef=0.002",
     "trainer.logger=console",
-    "trainer.val_before_train=False",
-    "trainer.n_gpus_per_node=1",
+    "trainer.val_before_train=True",
+    "trainer.n_gpus_per_node=4",
     "trainer.nnodes=1",
-    "trainer.save_freq=10",
-    "trainer.test_freq=10",
-    "trainer.total_epochs=15",
+    "trainer.save_freq=25",
+    "trainer.test_freq=25",
+    "trainer.total_epochs=3",
 ]
 
-# veRL's examples/grpo_trainer/run_qwen2-7b.sh
-VERL_GRPO = [
+VERL_STYLE_GRPO = [
     "algorithm.adv_estimator=grpo",
-    "data.train_files=/home/user/data/gsm8k/train.parquet",
-    "data.val_files=/home/user/data/gsm8k/test.parquet",
-    "data.train_batch_size=1024",
-    "data.max_prompt_length=512",
-    "data.max_response_length=1024",
+    "algorithm.use_kl_in_reward=False",
+    "data.train_files=/data/math/train.parquet",
+    "data.val_files=/data/math/test.parquet",
+    "data.train_batch_size=512",
+    "data.max_prompt_length=768",
+    "data.max_response_length=2048",
     "data.filter_overlong_prompts=True",
     "data.truncation='error'",
-    "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
     "actor_rollout_ref.model.use_remove_padding=True",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=256",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
-    "actor_rollout_ref.actor.use_kl_loss=True",
-    "actor_rollout_ref.actor.kl_loss_coef=0.001",
-    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-    "actor_rollout_ref.actor.entropy_coeff=0",
     "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.optim.lr=5e-7",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=128",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.kl_loss_coef=0.005",
+    "actor_rollout_ref.actor.entropy_coeff=0",
     "actor_rollout_ref.actor.fsdp_config.param_offload=False",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
     "actor_rollout_ref.rollout.name=vllm",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
-    "actor_rollout_ref.rollout.n=5",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
+    "actor_rollout_ref.rollout.n=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.55",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
     "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-    "algorithm.use_kl_in_reward=False",
     "trainer.critic_warmup=0",
     "trainer.logger=[\"console\"]",
-    "trainer.project_name='verl_grpo_example_gsm8k'",
-    "trainer.experiment_name='qwen2_7b_function_rm'",
+    "trainer.project_name='gsm8k_grpo'",
+    "trainer.experiment_name='qwen2_5_7b'",
     "trainer.n_gpus_per_node=8",
-    "trainer.nnodes=1",
-    "trainer.save_freq=20",
-    "trainer.test_freq=5",
-    "trainer.total_epochs=15",
+    "trainer.nnodes=2",
+    "trainer.save_freq=40",
+    "trainer.test_freq=10",
+    "trainer.total_epochs=4",
 ]
 
 
@@ -83,7 +83,7 @@ def config_from(overrides) -> PPOConfig:
     return build(PPOConfig, to_container(load_yaml(overrides=overrides)))
 
 
-@pytest.mark.parametrize("overrides", [VERL_QUICKSTART, VERL_GRPO], ids=["verl-quickstart", "verl-grpo"])
+@pytest.mark.parametrize("overrides", [VERL_STYLE_PPO, VERL_STYLE_GRPO], ids=["verl-style-ppo", "verl-style-grpo"])
 def test_verl_command_lines_are_accepted_unchanged(overrides):
     cfg = config_from(overrides)
     assert validate(cfg, check_files=False) is not None
@@ -115,7 +115,7 @@ def test_yaml_defaults_match_dataclass_defaults():
 
 def test_unknown_override_suggests_the_key():
     with pytest.raises(ConfigError) as info:
-        check_override_keys(["actor_rollout_ref.actor.ppo_mini_bach_size=3", "trainer.n_gpu_per_node=2"])
+        load_yaml(overrides=["actor_rollout_ref.actor.ppo_mini_bach_size=3", "trainer.n_gpu_per_node=2"])
     text = str(info.value)
     assert "unknown key 'actor_rollout_ref.actor.ppo_mini_bach_size'. Did you mean 'ppo_mini_batch_size'?" in text
     assert "unknown key 'trainer.n_gpu_per_node'. Did you mean 'n_gpus_per_node'?" in text
@@ -123,17 +123,16 @@ def test_unknown_override_suggests_the_key():
 
 def test_a_key_in_the_wrong_section_is_pointed_to_where_it_is():
     with pytest.raises(ConfigError) as info:
-        check_override_keys(["+reward.custom_reward_function.path=r.py", "reward.lr=1", "trainer.foo=1"])
-    problems = info.value.problems
-    assert problems[0].endswith("'custom_reward_function' is at custom_reward_function: did you mean "
-                                "custom_reward_function.path=...?")
-    assert problems[1].endswith("'lr' is at actor_rollout_ref.actor.optim.lr and critic.optim.lr: did you mean "
-                                "actor_rollout_ref.actor.optim.lr=...?")
-    assert problems[2] == "unknown key 'trainer.foo'."
+        load_yaml(overrides=["+trainer.adv_estimator=grpo", "reward.lr=1", "trainer.foo=1"])
+    text = "\n".join(info.value.problems)
+    assert "'adv_estimator' is at algorithm.adv_estimator: did you mean algorithm.adv_estimator=...?" in text
+    assert ("'lr' is at actor_rollout_ref.actor.optim.lr and critic.optim.lr: did you mean "
+            "actor_rollout_ref.actor.optim.lr=...?") in text
+    assert "unknown key 'trainer.foo'. It is no key of verlx" in text
 
 
 def test_free_form_sections_accept_any_key():
-    check_override_keys(["+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+    load_yaml(overrides=["+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
                          "+custom_reward_function.reward_kwargs.strict=true"])
 
 

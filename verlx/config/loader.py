@@ -165,29 +165,6 @@ def load_yaml(
     return OmegaConf.create(container)
 
 
-def check_override_keys(overrides: Sequence[str], config_name: str = "ppo_trainer", schema: type | None = None) -> None:
-    """Reject overrides of keys the schema (default PPOConfig) lacks, with a did-you-mean, before Hydra's terser
-    error."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    if schema is None:
-        from verlx.config.schema import PPOConfig as schema
-
-    parser = OverridesParser.create()
-    problems = []
-    for override in parser.parse_overrides(list(overrides)):
-        if override.is_delete():
-            continue
-        key = override.key_or_group
-        if key.startswith("hydra.") or key == "hydra":
-            continue
-        problem = unknown_key_problem(schema, key.split("."), assigns_value=not isinstance(override.value(), dict))
-        if problem:
-            problems.append(problem)
-    if problems:
-        raise ConfigError(problems)
-
-
 def unknown_key_problem(cls, parts: list[str], assigns_value: bool = False) -> str | None:
     """Why `parts` is no key of `cls`, or (`assigns_value`) names a section rather than a value; None when fine."""
     problem = _unknown_key_text(cls, parts, assigns_value)

@@ -50,8 +50,9 @@ def user_yaml_files(config_dir: str) -> list[str]:
 def unknown_message(schema: type) -> Callable[[str], str]:
     def message(key: str) -> str:
         problem = (unknown_key_problem(schema, key.split(".")) or f"unknown key '{key}'.").rstrip(". ")
-        return (f"{problem}. It is no key of verlx, nor of veRL {VERL_VERSION}, the release verlx's compatibility "
-                "table covers (docs/verl_compat.md)")
+        end = " " if problem.endswith("?") else ". "  # a did-you-mean question ends its own sentence
+        return (f"{problem}{end}It is no key of verlx, nor of veRL {VERL_VERSION}, the release verlx's "
+                "compatibility table covers (docs/verl_compat.md)")
 
     return message
 
