@@ -26,3 +26,12 @@ def test_impossible_placement_fails_with_the_numbers(two_node_cluster):
     pool = RayResourcePool([3], use_gpu=False, name_prefix="toobig", placement_timeout_s=3)
     with pytest.raises(RuntimeError, match=r"could not place \[3\] processes"):
         pool.placement_groups()
+
+
+def test_two_runs_on_one_cluster_get_their_own_placement_groups(two_node_cluster):
+    """Named placement groups are unique per cluster: a second run with the same prefix (or after a failed run whose
+    groups live on until its driver exits) must still place its workers."""
+    first, second = (RayResourcePool([1], use_gpu=False, name_prefix="verlx") for _ in range(2))
+    assert len(first.placement_groups()) == len(second.placement_groups()) == 1
+    first.release()
+    second.release()

@@ -160,7 +160,7 @@ def test_arithmetic_sizes(tmp_path):
         ["--local_save_dir", str(tmp_path), "--max_operand", "9", "--test_size", "10", "--train_size", "25"]
     )
     assert [pq.read_metadata(written[s]).num_rows for s in ("train", "test")] == [25, 10]
-    with pytest.raises(ValueError, match="100 pairs, fewer than --test_size 90 \\+ --train_size 11"):
+    with pytest.raises(ValueError, match=r"100 pairs, fewer than --test_size 90 \(\+ --val_size\) \+ --train_size 11"):
         script.main(
             ["--local_save_dir", str(tmp_path), "--max_operand", "9", "--test_size", "90", "--train_size", "11"]
         )

@@ -201,11 +201,20 @@ def _tail(path: str) -> str:
 
 
 def main() -> None:
-    """The server process: SGLang's HTTP server with the ServerArgs given as JSON."""
-    from sglang.srt.entrypoints.http_server import launch_server
-    from sglang.srt.server_args import ServerArgs
+    """The server process: SGLang's HTTP server with the ServerArgs given as JSON (started by verlx's server-mode
+    rollout, rollout.server.enable=true; not a command users run themselves)."""
+    import argparse
 
-    launch_server(ServerArgs(**json.loads(sys.argv[1])))
+    parser = argparse.ArgumentParser(description="SGLang's HTTP server for verlx's server-mode rollout "
+                                     "(actor_rollout_ref.rollout.server.enable=true starts one per engine replica).")
+    parser.add_argument("server_args", help="sglang ServerArgs as a JSON object")
+    args = parser.parse_args()
+    try:
+        from sglang.srt.entrypoints.http_server import launch_server
+        from sglang.srt.server_args import ServerArgs
+    except ImportError as e:
+        parser.exit(2, f"error: the SGLang server needs sglang ({e}); install it with pip install 'verlx[sglang]'\n")
+    launch_server(ServerArgs(**json.loads(args.server_args)))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import ray
@@ -35,6 +36,9 @@ class RayResourcePool:
         self.max_colocate_count = max_colocate_count
         self.cpus_per_bundle = cpus_per_bundle
         self.name_prefix = name_prefix
+        # named placement groups are unique per cluster: two runs on one cluster (or a failed run's groups, which
+        # live until its driver exits) must not collide
+        self._token = uuid.uuid4().hex[:8]
         self.placement_timeout_s = placement_timeout_s
         self._pgs: list[PlacementGroup] | None = None
 
@@ -55,10 +59,9 @@ class RayResourcePool:
 
     def placement_groups(self) -> list[PlacementGroup]:
         if self._pgs is None:
-            pgs = [
-                placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_node{i}")
-                for i, n in enumerate(self.process_on_nodes)
-            ]
+            pgs = [placement_group([self.bundle()] * n, strategy="STRICT_PACK",
+                                   name=f"{self.name_prefix}_{self._token}_node{i}")
+                   for i, n in enumerate(self.process_on_nodes)]
             try:
                 ray.get([pg.ready() for pg in pgs], timeout=self.placement_timeout_s)
             except ray.exceptions.GetTimeoutError:
