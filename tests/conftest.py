@@ -17,6 +17,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path[:0] = [REPO_DIR, TESTS_DIR]
 
+from engine_fakes.fixtures import undo  # noqa: E402,F401 - a fixture for the fake-engine tests
 from helpers.megatron_cpu import megatron_on_cpu  # noqa: E402,F401 - a fixture for the megatron tests
 
 

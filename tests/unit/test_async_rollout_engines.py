@@ -5,8 +5,6 @@ vLLM: LLMEngine.abort_request with the request ids)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
 
@@ -19,17 +17,6 @@ from verlx.rollout.agent.runner import AgentLoopRunner
 
 TOKENIZER = build_tokenizer()
 PROMPT_LENGTH = 8
-
-
-@pytest.fixture
-def undo(monkeypatch):
-    states = []
-    start_method = mp.get_start_method(allow_none=True)
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    yield states
-    for state in states:
-        state.undo()
-    mp.set_start_method(start_method, force=True)
 
 
 def prompts(rows: list[list[int]], **meta) -> DataProto:

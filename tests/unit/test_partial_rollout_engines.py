@@ -6,8 +6,6 @@ what it generates."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
 
@@ -25,17 +23,6 @@ def tokens_of(prompt: list[int], sample: int, params: dict) -> tuple[list[int], 
     n = params["max_new_tokens"]
     tokens = [(sum(prompt) + k) % 50 + 10 for k in range(n)]
     return tokens, [-(len(prompt) + k) / 100 for k in range(n)], "length"
-
-
-@pytest.fixture
-def undo(monkeypatch):
-    states = []
-    start_method = mp.get_start_method(allow_none=True)
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    yield states
-    for state in states:
-        state.undo()
-    mp.set_start_method(start_method, force=True)
 
 
 def build(kind: str, tmp_path, undo):

@@ -1,0 +1,20 @@
+"""The fixture the fake-engine tests share: what a test installed is undone afterwards."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+
+
+@pytest.fixture
+def undo(monkeypatch):
+    """A list the test appends installed fakes to (each with .undo()); the multiprocessing start method and vLLM's
+    multiprocessing switch are restored too."""
+    states = []
+    start_method = mp.get_start_method(allow_none=True)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    yield states
+    for state in states:
+        state.undo()
+    mp.set_start_method(start_method, force=True)
