@@ -45,14 +45,19 @@ def test_vanilla_rejects_clip_ratio_c_not_above_one():
         POLICY_LOSSES.get("vanilla")(old, logp, a, m, "token-mean", ActorConfig(clip_ratio_c=1.0))
 
 
-def test_gspo_sequence_ratio_and_stop_gradient():
-    config = ActorConfig(clip_ratio=0.2, clip_ratio_high=0.28)
-    old, logp, a, m = inputs(
+def gspo_inputs():
+    """Three sequences: one inside the clip range, one at ratio 1, one clipped above (its third token masked)."""
+    return inputs(
         [[-1.0, -2.0, -3.0], [-1.0, -1.5, -0.5], [-2.0, -2.0, -9.0]],
         ratio=[[math.exp(0.2), 1.0, 1.0], [math.exp(0.1), math.exp(-0.3), math.exp(0.2)], [2.0, 2.0, 7.0]],
         advantages=[[1, 1, 1], [-1, -1, -1], [1, 1, 1]],
         mask=[[1, 1, 0], [1, 1, 1], [1, 1, 0]],
     )
+
+
+def test_gspo_sequence_ratio_and_stop_gradient():
+    config = ActorConfig(clip_ratio=0.2, clip_ratio_high=0.28)
+    old, logp, a, m = gspo_inputs()
     loss, metrics, grad = run("gspo", old, logp, a, m, config, agg="seq-mean-token-mean")
     # sequence ratios s = exp(mean log ratio): seq0 exp(0.2/2) = 1.105171 (inside [0.8, 1.28]),
     #   seq1 exp((0.1 - 0.3 + 0.2)/3) = 1, seq2 exp(ln 2) = 2 -> clipped to 1.28
@@ -72,12 +77,7 @@ def test_gspo_sequence_ratio_and_stop_gradient():
 
 def test_gspo_honours_loss_agg_mode_as_verl_0_9_1():
     config = ActorConfig(clip_ratio=0.2, clip_ratio_high=0.28)
-    old, logp, a, m = inputs(
-        [[-1.0, -2.0, -3.0], [-1.0, -1.5, -0.5], [-2.0, -2.0, -9.0]],
-        ratio=[[math.exp(0.2), 1.0, 1.0], [math.exp(0.1), math.exp(-0.3), math.exp(0.2)], [2.0, 2.0, 7.0]],
-        advantages=[[1, 1, 1], [-1, -1, -1], [1, 1, 1]],
-        mask=[[1, 1, 0], [1, 1, 1], [1, 1, 0]],
-    )
+    old, logp, a, m = gspo_inputs()
     loss, _, _ = run("gspo", old, logp, a, m, config, agg="token-mean")
     # the same per-token losses averaged over the 7 tokens: (2 * -1.105171 + 3 * 1 + 2 * -1.28) / 7
     assert loss == pytest.approx(-0.2529060, abs=1e-7)
