@@ -7,6 +7,7 @@ import math
 import pytest
 
 from helpers.e2e import make_config, read_metrics
+from helpers.registries import shipped_names
 from verlx.algorithms.advantages import ADV_ESTIMATORS
 from verlx.config.loader import ConfigError
 from verlx.trainer.main_ppo import run_ppo
@@ -21,8 +22,7 @@ COMPONENT_REWARD = ("def compute_score(data_source, solution_str, ground_truth, 
 
 def test_every_registered_estimator_is_covered():
     """Every estimator verlx ships; test helpers register planted faults too (tests/helpers/learning_faults.py)."""
-    shipped = [name for name in ADV_ESTIMATORS.names() if ADV_ESTIMATORS.get(name).fn.__module__.startswith("verlx.")]
-    assert sorted(ESTIMATORS) == shipped
+    assert sorted(ESTIMATORS) == shipped_names(ADV_ESTIMATORS, lambda estimator: estimator.fn)
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)

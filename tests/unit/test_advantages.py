@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.registries import shipped_names
 from verlx.algorithms import advantages as adv
 from verlx.algorithms.advantages import (
     ADV_ESTIMATORS,
@@ -206,7 +207,7 @@ def test_remax():
 
 
 # the estimators verlx ships (test helpers register planted faults beside them: tests/helpers/learning_faults.py)
-SHIPPED = [n for n in ADV_ESTIMATORS if ADV_ESTIMATORS.get(n).fn.__module__.startswith("verlx.")]
+SHIPPED = shipped_names(ADV_ESTIMATORS, lambda estimator: estimator.fn)
 
 
 @pytest.mark.parametrize("name", [n for n in SHIPPED if estimator_needs_groups(n)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers.policy_loss_cases import inputs, run
+from helpers.registries import shipped_names
 from verlx.algorithms.policy_losses import POLICY_LOSSES
 from verlx.config.roles import ActorConfig, PolicyLossConfig
 
@@ -168,8 +169,7 @@ def test_kl_cov_penalises_the_top_covariance_tokens():
 
 
 # the losses verlx ships (test helpers register planted faults beside them); bypass_mode: test_bypass_mode
-SHIPPED_LOSSES = sorted(name for name in POLICY_LOSSES.names()
-                        if POLICY_LOSSES.get(name).__module__.startswith("verlx.") and name != "bypass_mode")
+SHIPPED_LOSSES = [name for name in shipped_names(POLICY_LOSSES) if name != "bypass_mode"]
 
 
 @pytest.mark.parametrize("mode", SHIPPED_LOSSES)
