@@ -41,7 +41,8 @@ SHAPES = {
 SHOWN = ("timing_s/step", "timing_s/gen", "timing_s/update_weights", "timing_s/reward", "timing_s/old_log_prob",
          "timing_s/ref", "timing_s/adv", "timing_s/update_actor", "perf/throughput", "perf/max_memory_allocated_gb",
          "perf/max_memory_allocated_gb/gen", "perf/mfu/actor", "response_length/mean", "rollout/logprob_diff",
-         "rollout/engine_asleep_gb", "actor/entropy", "actor/pg_loss")
+         "rollout/engine_asleep_gb", "perf/device_memory_used_gb/gen", "perf/device_memory_imbalance/gen",
+         "perf/device_memory_used_gb/actor", "perf/device_memory_imbalance/actor", "actor/entropy", "actor/pg_loss")
 AUTO_BUDGETS = {key: re.compile(rf"actor_rollout_ref\.{name}[^→\n]*→ (\d+)")
                 for key, name in (("actor_budget", r"actor\.ppo_max_token_len_per_gpu"),
                                   ("log_prob_budget", r"rollout\.log_prob_max_token_len_per_gpu"))}

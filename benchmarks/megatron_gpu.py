@@ -15,6 +15,8 @@ Steps (the model is a Qwen2.5-0.5B shape with random weights, the data arithmeti
               with transformers, has the initial model's tensors, moved by training, and generates finite logits
   resume      main_ppo again to step 4: resumes grpo's checkpoint (model, distributed optimizer, lr schedule)
   ppo_critic  main_ppo PPO with GAE: megatron actor, reference and critic at PP=2, SGLang TP=2, 2 steps
+  tp2pp2      (4 GPUs) main_ppo GRPO with the megatron actor and reference at TP=2 × PP=2, SGLang TP=2 (two engines),
+              3 steps
 Prints a summary table; $OUT/megatron_gpu.json keeps it, with each main_ppo run's metrics.
 """
 
@@ -34,9 +36,9 @@ sys.path[:0] = [ROOT, HERE]
 
 from grpo_step_gpu import prepare_inputs  # noqa: E402  (the benchmark next to this one)
 
-STEPS = ("parity", "grpo", "export", "resume", "ppo_critic")
+STEPS = ("parity", "grpo", "export", "resume", "ppo_critic", "tp2pp2")
 # per step, so that each documented call (parity grpo export | resume ppo_critic) ends within a 600 s device call
-TIMEOUT_S = {"parity": 200, "grpo": 300, "export": 90, "resume": 240, "ppo_critic": 330}
+TIMEOUT_S = {"parity": 200, "grpo": 300, "export": 90, "resume": 240, "ppo_critic": 330, "tp2pp2": 300}
 
 
 def run(cmd: list[str], log_path: str, timeout_s: float, env: dict | None = None) -> tuple[int, str]:
@@ -53,12 +55,12 @@ def run(cmd: list[str], log_path: str, timeout_s: float, env: dict | None = None
     return rc, text
 
 
-def ppo_command(args, work: str, name: str, steps: int, extra: list[str]) -> list[str]:
+def ppo_command(args, work: str, name: str, steps: int, extra: list[str], gpus: int = 2) -> list[str]:
     model_dir, data_dir = os.path.join(work, "model"), os.path.join(work, "data")
     gpu = not args.smoke
     backend = (["--config-name", "ppo_megatron_trainer", f"actor_rollout_ref.rollout.name={args.engine}",
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={2 if args.engine == 'sglang' else 1}",
-                "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "trainer.n_gpus_per_node=2"] if gpu else
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", f"trainer.n_gpus_per_node={gpus}"] if gpu else
                ["actor_rollout_ref.rollout.name=hf", "trainer.device=cpu", "trainer.n_gpus_per_node=1"])
     out = os.path.join(work, name)
     return [sys.executable, "-m", "verlx.trainer.main_ppo", *backend,
@@ -158,15 +160,37 @@ def step_ppo_critic(args, work: str) -> dict:
     return {"ok": ok, "rc": rc, "rows": rows, "details": _row_details(rows, ("critic/vf_loss", "critic/grad_norm"))}
 
 
+def step_tp2pp2(args, work: str) -> dict:
+    megatron = [] if args.smoke else ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                                      "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]
+    cmd = ppo_command(args, work, "tp2pp2", 3, ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true",
+                                                *megatron], gpus=4)
+    rc, _ = run(cmd, os.path.join(work, "tp2pp2.log"), TIMEOUT_S["tp2pp2"])
+    rows = metrics(work, "tp2pp2")
+    return {"ok": rc == 0 and [r["step"] for r in rows] == [1, 2, 3], "rc": rc, "rows": rows,
+            "details": _row_details(rows)}
+
+
 def _row_details(rows: list[dict], keys=("actor/pg_loss", "actor/grad_norm")) -> str:
     shown = ("timing_s/step", *keys)
     return "; ".join(f"step {r['step']}: " + ", ".join(f"{k.split('/')[-1]} {r[k]:.3g}" for k in shown if k in r)
                      for r in rows)
 
 
+def save_results(args, work: str, results: dict) -> None:
+    """$OUT/megatron_gpu.json: the steps run so far, added to those of earlier invocations in the same $OUT."""
+    if not os.environ.get("OUT"):
+        return
+    path = os.path.join(os.environ["OUT"], "megatron_gpu.json")
+    earlier = json.load(open(path))["steps"] if os.path.exists(path) else {}
+    with open(path, "w") as f:
+        json.dump({"args": vars(args), "work": work, "steps": {**earlier, **results}}, f, indent=1, default=str)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
+    p.add_argument("--only", nargs="+", choices=STEPS, default=[s for s in STEPS if s != "tp2pp2"],
+                   help="steps to run (default: the 2-GPU ones; tp2pp2 needs 4 GPUs)")
     p.add_argument("--work", default=None, help="working directory (kept: later calls resume from it)")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=4)
@@ -190,12 +214,10 @@ def main() -> int:
         results[name]["seconds"] = time.time() - start
         print(f"STEP {name} ok={results[name]['ok']} {results[name]['seconds']:.0f}s {results[name]['details']}",
               flush=True)
+        save_results(args, work, results)  # after every step: a call cut short keeps what finished
     print("\n| step | ok | seconds | details |\n|---|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {r['ok']} | {r['seconds']:.0f} | {r['details']} |")
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "megatron_gpu.json"), "w") as f:
-            json.dump({"args": vars(args), "work": work, "steps": results}, f, indent=1, default=str)
     return 0 if all(r["ok"] for r in results.values()) else 1
 
 

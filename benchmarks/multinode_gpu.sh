@@ -9,6 +9,8 @@
 #   source .device/install.sh && bash benchmarks/multinode_gpu.sh          # on the GPU machine (under 10 min: each
 #                                                                          # run is cut at RUN_TIMEOUT=180 s)
 #   SMOKE=1 OUT=/tmp/o WORK=/tmp/w bash benchmarks/multinode_gpu.sh        # CPU: tiny shape, hf engine
+#   NODE_GPUS="2 3" bash benchmarks/multinode_gpu.sh                      # the nodes' GPUs (default "0 1"), to run
+#                                                                          # beside other work on a larger host
 #
 # Every process uses Ray's token authentication (Ray 2.60 turns it on for `ray start` clusters; all processes of
 # this host share ~/.ray/auth_token). Each node is a `ray start --block` in a session of its own, so the end of the
@@ -18,6 +20,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/multinode_out}
 WORK=${WORK:-/tmp/multinode}
 PORT=${PORT:-6390}
+read -r GPU_A GPU_B <<< "${NODE_GPUS:-0 1}"
 RAY=(python3 -m ray.scripts.scripts)
 export RAY_AUTH_MODE=token PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$WORK"
@@ -36,10 +39,10 @@ node() {  # node NAME GPU RAY-START-ARGS...: one raylet (`ray start --block`) in
   PIDS+=($!)
 }
 
-start_cluster() {  # the head owns GPU 0, the worker node GPU 1 (as `ray start --head` / `--address` on two hosts)
-  node head 0 --head --port="$PORT" --include-dashboard=false --temp-dir=/tmp/vxr --resources='{"node_a": 1}'
+start_cluster() {  # the head owns GPU_A, the worker node GPU_B (as `ray start --head` / `--address` on two hosts)
+  node head "$GPU_A" --head --port="$PORT" --include-dashboard=false --temp-dir=/tmp/vxr --resources='{"node_a": 1}'
   sleep 5
-  node worker 1 --address="127.0.0.1:$PORT" --resources='{"node_b": 1}'
+  node worker "$GPU_B" --address="127.0.0.1:$PORT" --resources='{"node_b": 1}'
   for _ in $(seq 60); do
     python3 -c "import ray, sys; ray.init(address='127.0.0.1:$PORT', logging_level='ERROR'); \
 sys.exit(sum(n['Alive'] for n in ray.nodes()) < 2)" 2>/dev/null && break

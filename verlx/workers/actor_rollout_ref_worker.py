@@ -232,6 +232,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             gen_start = time.perf_counter()
             try:
                 out = self._generate(prompts)
+                timer.note_device_used()
             except Exception as e:
                 e.add_note(f"while the {self.engine.name} rollout engine of rank {self.rank} was generating (step "
                            f"{prompts.meta_info.get('global_step', '?')}); checkpoints on disk are not touched by a "
@@ -383,6 +384,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         timer = PhaseTimer(self.device, "actor", self.rank)
         with self._on_device(actor=True, ref=full_kl, optimizer=True, overlap=True), timer.measure():
             metrics = self.actor.update_policy(data, sizes.mini, sizes.micro)
+            timer.note_device_used()
         seq_lens = sequence_lengths(data).tolist() * actor_cfg.ppo_epochs
         metrics.update(phase_metrics("actor", self.hf_config, seq_lens, timer, share=1 / self._sp_size()))
         metrics["actor/lr"] = self.actor.engine.lr()

@@ -19,6 +19,15 @@ class PhaseTimer:
         self.device, self.phase, self.rank = device, phase, rank
         self.seconds = 0.0
         self.peak_bytes: int | None = None
+        self.device_used_bytes: int | None = None
+
+    def note_device_used(self) -> None:
+        """Record what every process holds on this GPU now (the rollout engine may run its own processes): the
+        phase's resident footprint, compared across ranks by phase_metrics; no-op on CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.device_used_bytes = total - free
 
     @contextmanager
     def measure(self):
