@@ -12,6 +12,7 @@ import torch
 from engine_fakes.contexts import EOS, left_padded_prompts, make_ctx, trainer_weights
 from engine_fakes.fake_sglang import install_fake_sglang
 from verlx.protocol import DataProto
+from verlx.rollout import sglang_engine
 from verlx.rollout.engine_versions import UnsupportedEngineVersion
 from verlx.rollout.residency import EngineStateError
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
@@ -54,7 +55,16 @@ def phases(calls) -> list[str]:
     return out
 
 
-def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, monkeypatch):
+@pytest.fixture
+def megatron_importable(monkeypatch):
+    """Whether megatron-core is importable where the engine starts, set by the test (not by this venv)."""
+    def set_to(value: bool) -> None:
+        monkeypatch.setattr(sglang_engine, "megatron_core_importable", lambda: value)
+    set_to(False)
+    return set_to
+
+
+def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, monkeypatch, megatron_importable):
     state = fake("0.5.23")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:64")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
@@ -86,7 +96,7 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
         assert key not in os.environ
 
 
-def test_graph_pool_released_only_where_the_prefill_graphs_allow_it(fake, tmp_path):
+def test_graph_pool_released_only_where_the_prefill_graphs_allow_it(fake, tmp_path, megatron_importable):
     """Default: no prefill graphs, so the release may pause the graph pool. A user who turns prefill graphs back on
     keeps the pool resident instead of a start that fails (breakable graphs refuse memory-saver mode)."""
     state = fake("0.5.17")
@@ -96,6 +106,17 @@ def test_graph_pool_released_only_where_the_prefill_graphs_allow_it(fake, tmp_pa
     build(tmp_path, engine_kwargs=_kwargs(sglang={"disable_prefill_cuda_graph": False}))
     assert state.calls[0][1]["disable_prefill_cuda_graph"] is False
     assert state.calls[0][2]["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] is None
+
+
+def test_graph_pool_stays_resident_where_megatron_core_is_importable(fake, tmp_path, megatron_importable, caplog):
+    """SGLang's scheduler imports megatron-core when it can, which puts torch_memory_saver in a mode that cannot
+    pause CUDA graphs (the start failed on 4 × H100): the graphs stay resident instead, and the log says so."""
+    megatron_importable(True)
+    state = fake("0.5.17")
+    with caplog.at_level("WARNING"):
+        build(tmp_path)
+    assert state.calls[0][2]["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] is None
+    assert any("megatron-core is importable" in r.getMessage() for r in caplog.records)
 
 
 def test_one_rl_step_calls_the_engine_in_order(fake, tmp_path):

@@ -7,6 +7,7 @@ documented sglang 0.5.9–0.5.23 in-process API (docs/rollout.md lists them).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -76,12 +77,27 @@ class SGLangFeatures:
         }
 
 
-def graph_memory_env(server_args: dict[str, Any]) -> dict[str, str]:
+def megatron_core_importable() -> bool:
+    """Whether SGLang's scheduler processes will import megatron-core (its debug dumper does whenever it can)."""
+    return importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+
+
+def graph_memory_env(server_args: dict[str, Any], megatron_importable: bool) -> dict[str, str]:
     """Let the release pause the CUDA graphs' pool too (8.4 GiB stayed on the GPU under a sleeping 0.5B engine,
-    0.5.17 on an H100). SGLang's breakable prefill graphs refuse that mode, so only when prefill graphs are off."""
-    if server_args.get("disable_prefill_cuda_graph") and not server_args.get("disable_cuda_graph"):
-        return {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
-    return {}
+    0.5.17 on an H100). SGLang's breakable prefill graphs refuse that mode, so only when prefill graphs are off.
+
+    Nor where megatron-core is importable: SGLang's scheduler imports it (sglang/srt/debug_utils/dumper.py), and
+    importing megatron.core switches torch_memory_saver to its "torch" hook mode (megatron/core/inference/contexts/
+    dynamic_context.py), which cannot pause CUDA graphs: the engine's start fails on "Only hook_mode=preload supports
+    pauseable CUDA Graph currently" (SGLang 0.5.17 with megatron-core 0.16.1, 4 × H100, 2026-11-26)."""
+    if not server_args.get("disable_prefill_cuda_graph") or server_args.get("disable_cuda_graph"):
+        return {}
+    if megatron_importable:
+        logger.warning("SGLang's CUDA graphs stay on the GPU while the engine sleeps (the decode graphs' pool: 8.4 GiB "
+                       "under a 0.5B engine): megatron-core is importable here, and once SGLang's scheduler imports "
+                       "it, torch_memory_saver cannot pause CUDA graphs")
+        return {}
+    return {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
 
 
 def server_arg_names(server_args_cls: type, features: SGLangFeatures) -> frozenset[str]:

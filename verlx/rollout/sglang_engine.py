@@ -31,6 +31,7 @@ from verlx.rollout.sglang_adapter import (
     SGLangFeatures,
     build_server_args,
     graph_memory_env,
+    megatron_core_importable,
     parse_sglang_outputs,
     server_arg_names,
     sglang_sampling_params,
@@ -142,7 +143,8 @@ class SGLangRolloutEngine(ExternalEngine):
     def _launch(self, visible_devices: str | None):
         """sglang.Engine() with the environment its spawned processes need (the trainer's own is put back), or in
         server mode SGLang's HTTP server in a process of its own with that environment."""
-        env: dict[str, str | None] = {**self.features.construction_env(), **graph_memory_env(self.server_args)}
+        graph_env = graph_memory_env(self.server_args, megatron_core_importable())
+        env: dict[str, str | None] = {**self.features.construction_env(), **graph_env}
         env["NCCL_NVLS_ENABLE"] = os.environ.get("NCCL_NVLS_ENABLE", "0")
         env[ALLOC_CONF_ENV] = alloc_conf_without_expandable_segments(os.environ.get(ALLOC_CONF_ENV))
         if visible_devices is not None:
