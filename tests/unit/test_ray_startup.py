@@ -12,6 +12,8 @@ import sys
 import pytest
 
 from helpers.e2e import make_config
+from verlx.rollout.engine_layout import DEFAULT_BASE_PORT, PORTS_PER_ENGINE
+from verlx.rollout.engine_ports import BASE_PORT_ENV, SEARCH_END, free_base_port, port_is_free
 from verlx.trainer.ray_startup import start_ray
 from verlx.trainer.stop_signals import stop_at_once
 
@@ -69,3 +71,34 @@ def test_the_commands_sigterm_handler_survives_ray_init(ray_init_calls, monkeypa
         own = signal.getsignal(signal.SIGTERM)
         start_ray(_config(tmp_path), use_gpu=False)
         assert signal.getsignal(signal.SIGTERM) is own and len(ray_init_calls) == 1
+
+
+def test_engine_base_port_is_a_free_block_unless_the_user_set_one(ray_init_calls, tmp_path, monkeypatch):
+    """Two runs on one host once both took ports 30000.. and the second's SGLang failed on EADDRINUSE: the workers
+    get a base port whose whole block (3 workers × PORTS_PER_ENGINE) is free here; a base the user set wins."""
+    monkeypatch.delenv(BASE_PORT_ENV, raising=False)
+    start_ray(_config(tmp_path), use_gpu=False)
+    base = int(ray_init_calls[-1]["runtime_env"]["env_vars"][BASE_PORT_ENV])
+    assert all(port_is_free(p) for p in range(base, base + 3 * PORTS_PER_ENGINE))
+    monkeypatch.setenv(BASE_PORT_ENV, "41000")
+    start_ray(_config(tmp_path), use_gpu=False)
+    assert ray_init_calls[-1]["runtime_env"]["env_vars"][BASE_PORT_ENV] == "41000"
+    start_ray(_config(tmp_path, f"+ray_kwargs.ray_init.runtime_env.env_vars.{BASE_PORT_ENV}=42000"), use_gpu=False)
+    assert ray_init_calls[-1]["runtime_env"]["env_vars"][BASE_PORT_ENV] == "42000"
+
+
+def test_a_block_with_a_busy_port_is_skipped():
+    """The search starts at a random block; a block where one port is taken is passed over for the next."""
+    import random
+    import socket
+
+    first = random.Random(7).randrange(len(range(DEFAULT_BASE_PORT, SEARCH_END - 2 * PORTS_PER_ENGINE,
+                                                 2 * PORTS_PER_ENGINE)))
+    busy_block = DEFAULT_BASE_PORT + first * 2 * PORTS_PER_ENGINE
+    if not all(port_is_free(p) for p in range(busy_block, busy_block + 2 * PORTS_PER_ENGINE)):
+        pytest.skip(f"ports {busy_block}.. are taken on this machine already")
+    with socket.socket() as listener:
+        listener.bind(("", busy_block + 5))
+        listener.listen()
+        assert free_base_port(2, random.Random(7)) == busy_block + 2 * PORTS_PER_ENGINE
+    assert free_base_port(2, random.Random(7)) == busy_block

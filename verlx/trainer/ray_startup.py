@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 
+from verlx.rollout.engine_ports import BASE_PORT_ENV, free_base_port
 from verlx.utils.device import resolve_device
 
 logger = logging.getLogger("verlx")
@@ -56,12 +57,17 @@ def start_ray(config, use_gpu: bool) -> None:
 
 def ray_init_kwargs(config) -> dict:
     """ray.init's arguments from ray_kwargs.ray_init: its runtime_env on top of the workers' environment (its
-    env_vars winning), then the cluster to join, or a private instance's num_cpus (at least one per worker process)
+    env_vars winning; the rollout engines' base port free on this host unless set: rollout/engine_ports.py), then
+    the cluster to join, or a private instance's num_cpus (at least one per worker process)
     and num_gpus."""
     init = config.ray_kwargs.ray_init
+    workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    if not config.actor_rollout_ref.hybrid_engine:  # the rollout worker group of its own
+        workers += config.rollout.n_gpus_per_node * config.rollout.nnodes
     runtime_env = dict(init.runtime_env)
     runtime_env["env_vars"] = {**_worker_env(),
                                **{str(k): _env_value(v) for k, v in (init.runtime_env.get("env_vars") or {}).items()}}
+    runtime_env["env_vars"].setdefault(BASE_PORT_ENV, os.environ.get(BASE_PORT_ENV) or str(free_base_port(workers)))
     kwargs = {"runtime_env": runtime_env, "include_dashboard": False}
     joined = cluster_address(config)
     if joined:
@@ -73,9 +79,6 @@ def ray_init_kwargs(config) -> dict:
         kwargs["address"] = address
         logger.info("joining the Ray cluster at %s (from %s)", address, source)
     else:
-        workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        if not config.actor_rollout_ref.hybrid_engine:  # the rollout worker group of its own
-            workers += config.rollout.n_gpus_per_node * config.rollout.nnodes
         # "local": a new instance even where `ray start` left a cluster this machine would otherwise connect to
         kwargs.update(address="local", num_cpus=init.num_cpus or max(os.cpu_count() or 1, workers + 1))
         logger.info("starting a private Ray instance with %d CPUs (set ray_kwargs.ray_init.address or RAY_ADDRESS "
