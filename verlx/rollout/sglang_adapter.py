@@ -93,9 +93,9 @@ def graph_memory_env(server_args: dict[str, Any], megatron_importable: bool) -> 
     if not server_args.get("disable_prefill_cuda_graph") or server_args.get("disable_cuda_graph"):
         return {}
     if megatron_importable:
-        logger.warning("SGLang's CUDA graphs stay on the GPU while the engine sleeps (the decode graphs' pool: 8.4 GiB "
-                       "under a 0.5B engine): megatron-core is importable here, and once SGLang's scheduler imports "
-                       "it, torch_memory_saver cannot pause CUDA graphs")
+        logger.warning("SGLang's CUDA graphs stay on the GPU while the engine sleeps (rollout/engine_asleep_gb shows "
+                       "what it keeps): megatron-core is importable here, and once SGLang's scheduler imports it, "
+                       "torch_memory_saver cannot pause CUDA graphs")
         return {}
     return {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
 
