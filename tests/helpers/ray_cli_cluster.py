@@ -70,12 +70,16 @@ class CliCluster:
         os.killpg(node.process.pid, signal.SIGKILL)
         node.process.wait(timeout=60)
 
-    def stop(self) -> None:
-        for name in list(self.nodes)[::-1]:  # workers first, the head last
-            node = self.nodes.pop(name)
+    def stop(self, grace_s: float = 10) -> None:
+        """SIGTERM to every node at once; what is still running after `grace_s` is killed (a head node's own
+        shutdown took 30 s, more than the suite should spend on a cluster it throws away)."""
+        nodes = [self.nodes.pop(name) for name in list(self.nodes)]
+        for node in nodes:
             os.killpg(node.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for node in nodes:
             try:
-                node.process.wait(timeout=60)
+                node.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 os.killpg(node.process.pid, signal.SIGKILL)
                 node.process.wait(timeout=30)
