@@ -52,11 +52,15 @@ def run_layout(args, gpus: int, tp: int, model_dir: str, data_dir: str, work: st
     with open(os.path.join(work, f"{name}.log"), "w") as log:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     rows = read_rows(os.path.join(out_dir, "metrics.jsonl"))
-    later = rows[1:] or rows  # step 1 compiles
-    summary = {label: statistics.median(r[key] for r in later) if later and all(key in r for r in later) else None
-               for label, key in SHOWN.items()}
     return {"layout": name, "gpus": gpus, "tp": tp, "rc": rc, "steps": [r["step"] for r in rows],
-            "summary": summary, "rows": rows}
+            "summary": summarize(rows), "rows": rows}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """The median of each shown metric over the steps after the first (step 1 compiles; alone, it is used)."""
+    later = rows[1:] or rows
+    return {label: statistics.median(r[key] for r in later) if later and all(key in r for r in later) else None
+            for label, key in SHOWN.items()}
 
 
 def print_table(results: list[dict]) -> None:

@@ -443,3 +443,21 @@ def test_reward_model_smoke_scores_exactly_and_trains(tmp_path):
         rows = [json.loads(line) for line in f]
     assert [r["step"] for r in rows] == [1, 2] and all(r["timing_s/reward"] > 0 for r in rows)
     assert os.path.exists(tmp_path / "reward_model_profile" / "reward_model_step2_rank0_summary.json")
+
+
+def test_scaling_layouts_and_the_steady_step_summary():
+    """scaling_gpu.py: a layout is GPUSxTP with TP dividing the GPUs; the table shows medians of steps ≥ 2."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import argparse
+
+    import scaling_gpu
+
+    assert scaling_gpu.parse_layout("4x2") == (4, 2)
+    with pytest.raises(argparse.ArgumentTypeError, match="TP size 3 must divide the 4 GPUs"):
+        scaling_gpu.parse_layout("4x3")
+    rows = [{"step": s, "timing_s/step": t, "perf/throughput": 100.0 * s} for s, t in ((1, 60.0), (2, 5.0),
+                                                                                      (3, 7.0), (4, 6.0))]
+    summary = scaling_gpu.summarize(rows)
+    assert summary["step s"] == 6.0 and summary["tokens/s/GPU"] == 300.0  # step 1 (compiling) left out
+    assert summary["awake GB (max)"] is None  # not reported (CPU)
+    assert scaling_gpu.summarize(rows[:1])["step s"] == 60.0
