@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ def _rank(rank: int, init_file: str, out_dir: str) -> None:
 def test_largest_footprint_and_spread_agreed_over_the_ranks():
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank, args=(os.path.join(tmp, "init"), tmp), nprocs=len(USED_BY_RANK))
-        reported = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(len(USED_BY_RANK))]
+        reported = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(len(USED_BY_RANK))]
     expected = {USED_PREFIX + "gen": 10.0, IMBALANCE_PREFIX + "gen": pytest.approx(0.2)}
     assert reported == [expected, expected]
 
