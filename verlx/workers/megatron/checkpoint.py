@@ -25,6 +25,7 @@ from verlx.workers.checkpoint_state import (
     save_rank_state,
 )
 from verlx.workers.megatron.architectures import model_dims
+from verlx.workers.megatron.optimizer_state import allocate_optimizer_state, load_optimizer_state
 from verlx.workers.megatron.weight_layout import is_tied_copy, param_specs, split_to_hf, te_name
 
 DIST_SUBDIR = "dcp"
@@ -64,11 +65,12 @@ class MegatronCheckpointManager:
         if not os.path.isdir(ckpt):
             raise FileNotFoundError(f"checkpoint {path} has no {DIST_SUBDIR}/ directory (megatron dist-checkpoint)")
         settings = optimizer_settings(self.optimizer)
+        allocate_optimizer_state(self.optimizer)
         state = dist_checkpointing.load(self._sharded(is_loading=True), ckpt)
         for i, chunk in enumerate(self.chunks):
             chunk.load_state_dict(state[f"model{i}"])
         if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+            load_optimizer_state(self.optimizer, state["optimizer"])
         restore_optimizer_settings(self.optimizer, settings)
         load_rank_state(path, self.lr_scheduler)
 
