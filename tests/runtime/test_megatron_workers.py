@@ -11,8 +11,11 @@ Runs where megatron-core is installed (helpers/megatron_cpu.py says what runs on
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from helpers.e2e import make_config
 from helpers.ppo_batches import ragged_ppo_batch
@@ -38,9 +41,17 @@ def _megatron_cpu():
     return MegatronConfig(dtype="float32", use_transformer_engine="false", use_distributed_optimizer=False)
 
 
-def _critic_config(tiny_model_dir, tmp_path, strategy: str):
+def _critic_config(tiny_model_dir, tmp_path, strategy: str, pp: int = 1):
     if strategy == "fsdp":
         return make_config(tiny_model_dir, tmp_path, tmp_path, *CRITIC, "critic.grad_clip=1e9")
+    if pp > 1:  # as the GPU runs it: gradient clipping and the distributed optimizer (the CPU shim runs both)
+        from verlx.config.engine import MegatronConfig
+
+        cfg = make_config(tiny_model_dir, tmp_path, tmp_path, *CRITIC, "critic.strategy=megatron",
+                          "critic.grad_clip=1.0", f"trainer.n_gpus_per_node={pp}")
+        cfg.critic.megatron = MegatronConfig(dtype="float32", use_transformer_engine="false",
+                                             pipeline_model_parallel_size=pp)
+        return cfg
     cfg = make_config(tiny_model_dir, tmp_path, tmp_path, *CRITIC, "critic.strategy=megatron", "critic.grad_clip=0.0")
     cfg.critic.megatron = _megatron_cpu()
     return cfg
@@ -122,3 +133,55 @@ def test_megatron_actor_generates_scores_and_updates_like_fsdp(megatron_on_cpu, 
     assert metrics["actor/optimizer_state_gb"] > 0
     assert (after - log_probs).abs().max() > 1e-3  # the update moved the policy, on both engines alike
     torch.testing.assert_close(after, fsdp[4], rtol=1e-5, atol=1e-5)
+
+
+def _critic_phases(cfg, data: DataProto, checkpoint: str) -> dict:
+    """Values, an update, values after it; the critic saved, and its values after a fresh critic loads it."""
+    from verlx.workers.critic_worker import CriticWorker
+
+    worker = CriticWorker(cfg)
+    worker.init_model()
+    before = worker.compute_values(data).batch["values"]
+    metrics = worker.update_critic(data).meta_info["metrics"]
+    after = worker.compute_values(data).batch["values"]
+    worker.save_checkpoint(checkpoint)
+    resumed = CriticWorker(cfg)
+    resumed.init_model()
+    resumed.load_checkpoint(checkpoint)
+    return {"before": before, "metrics": metrics, "after": after,
+            "reloaded": resumed.compute_values(data).batch["values"]}
+
+
+def _pipeline_critic_rank(rank: int, port: int, model_dir: str, tmp: str) -> None:
+    from helpers.megatron_cpu import cuda_as_cpu
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg = _critic_config(model_dir, tmp, "megatron", pp=2)
+    with pytest.MonkeyPatch.context() as monkeypatch, cuda_as_cpu(monkeypatch):
+        result = _critic_phases(cfg, ragged_ppo_batch(0, rows=8, critic=True), os.path.join(tmp, "pp2_critic"))
+    torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
+
+
+def test_megatron_critic_at_pp2_matches_one_stage_and_resumes(megatron_on_cpu, tiny_model_dir, tmp_path):
+    """The critic with its layers over 2 pipeline stages (2 gloo processes) gives one stage's loss, gradient norm
+    and values after an update, and its PP=2 checkpoint reloads to the same values. On 2 x H100 its first update
+    failed ('NoneType' object has no attribute 'weight'): megatron all-reduced the tied embedding's gradient with
+    the last stage's vocabulary projection, which a critic drops (and its checkpoint needed that projection too)."""
+    from verlx.utils.distributed import free_port
+
+    mp.spawn(_pipeline_critic_rank, args=(free_port(), tiny_model_dir, str(tmp_path)), nprocs=2)
+    stages = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    cfg = _critic_config(tiny_model_dir, tmp_path, "megatron", pp=2)
+    cfg.critic.megatron.pipeline_model_parallel_size, cfg.trainer.n_gpus_per_node = 1, 1
+    one = _critic_phases(cfg, ragged_ppo_batch(0, rows=8, critic=True), str(tmp_path / "pp1_critic"))
+    last = stages[1]  # the last stage holds the value head, the values and the metrics
+    mask = ragged_ppo_batch(0, rows=8).batch["response_mask"].bool()
+    assert torch.equal(last["before"], torch.zeros(mask.shape)) and torch.equal(one["before"], last["before"])
+    assert stages[0]["metrics"].get("critic/vf_loss") is None  # the first stage has no loss to report
+    for key in ("critic/vf_loss", "critic/grad_norm", "critic/vf_clipfrac", "critic/vpred_mean"):
+        assert last["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5), key
+    assert last["after"][mask].abs().min() > 0 and (last["after"][~mask] == 0).all()
+    torch.testing.assert_close(last["after"], one["after"], rtol=1e-5, atol=1e-7)
+    assert torch.equal(last["reloaded"], last["after"]) and torch.equal(one["reloaded"], one["after"])

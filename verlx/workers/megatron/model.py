@@ -82,7 +82,10 @@ class RLModelChunk(MegatronModule):
         self.is_value = value_head
         self.model_type = gpt.model_type  # read by the pipeline schedules
         if value_head and self.post_process:
-            gpt.output_layer = None  # the vocabulary projection is unused by a critic
+            # the GPT trunk of a critic ends at its final norm: no vocabulary projection, which megatron's GPTModel
+            # would otherwise look for on the last stage (its checkpoint keys; the tied copy's gradient all-reduce)
+            gpt.output_layer = None
+            gpt.post_process = False
             self.value_head = torch.nn.Linear(dims.hidden_size, 1, bias=False, dtype=gpt.config.params_dtype,
                                               device=gpt.decoder.final_layernorm.weight.device)
             torch.nn.init.zeros_(self.value_head.weight)
@@ -164,12 +167,15 @@ def build_chunks(dims: ModelDims, layout: ParallelLayout, config: TransformerCon
         allow_moe_router_without_transformer_engine()
     chunks = []
     local_layers = dims.num_layers // (layout.pp * layout.chunks)
+    kwargs = gpt_model_kwargs(dims, layout.tp)
+    if value_head:  # a critic has no vocabulary projection to tie to the embedding (at PP > 1 megatron would keep
+        kwargs["share_embeddings_and_output_weights"] = False  # a copy on the last stage and all-reduce its grads)
     for vp in range(layout.chunks):
         vp_stage = vp if layout.vpp else None
         pre = mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
         post = mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
         gpt = GPTModel(config, layer_spec(dims, use_te, local_layers), pre_process=pre, post_process=post,
-                       vp_stage=vp_stage, **gpt_model_kwargs(dims, layout.tp))
+                       vp_stage=vp_stage, **kwargs)
         chunks.append(RLModelChunk(gpt, dims, value_head))
     mark_tensor_parallel(chunks, dims, layout)
     return chunks
