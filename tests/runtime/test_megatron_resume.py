@@ -3,6 +3,8 @@ weights with fp32 main params in megatron's distributed optimizer (torch's Adam:
 TP=2 and PP=2. After one update the engine saves; a fresh engine loads through the worker's path
 (MegatronEngine.load_checkpoint → MegatronCheckpointManager.load) and holds exactly the saved weights, Adam state
 (fp32 main params, both moments, step) and schedule; its next update equals the one the saving engine made.
+The TP=2 checkpoint also loads into a PP=2 engine (fp32, where the two layouts agree to rounding): the same weights,
+and the same next update.
 
 On 2 x H100 (2026-11-26) every resume failed with a bare AssertionError: megatron-core 0.16 asserts on the step of an
 Adam that has not stepped yet, then loses the step on the fully_reshardable load (KeyError), then shares one step
@@ -27,7 +29,7 @@ LAYOUTS = {"tp2": ((2, 1), {"lr_warmup_steps": 3}),
            "pp2": ((1, 2), {"lr_decay_style": "cosine", "lr_warmup_steps": 2, "min_lr": 1e-5})}
 
 
-def _build(path: str, layout: tuple[int, int], schedule: dict):
+def _build(path: str, layout: tuple[int, int], schedule: dict, dtype: str = "bfloat16"):
     """The actor as MegatronEngine.build makes it for the worker (a fresh optimizer, the schedule at step 0)."""
     from megatron.core import parallel_state as mpu
     from transformers import AutoTokenizer
@@ -46,7 +48,7 @@ def _build(path: str, layout: tuple[int, int], schedule: dict):
     for key, value in schedule.items():
         setattr(cfg.optim, key, value)
     cfg.megatron = MegatronConfig(tensor_model_parallel_size=layout[0], pipeline_model_parallel_size=layout[1],
-                                  dtype="bfloat16", use_transformer_engine="false", use_distributed_optimizer=True)
+                                  dtype=dtype, use_transformer_engine="false", use_distributed_optimizer=True)
     hf_config = load_hf_config(path, False, {})
     placement = MegatronEngine.place({"actor_rollout_ref.actor": cfg}, hf_config, 2)
     spec = ModelSpec("actor", path, ModelConfig(path=path, enable_gradient_checkpointing=False), cfg, hf_config,
@@ -95,6 +97,27 @@ def _run_layout(path: str, root: str, name: str) -> dict:
             "fresh_lr": fresh_lr}
 
 
+def _hf_weights(engine) -> dict:
+    return {name: tensor.clone() for name, tensor in engine.rollout_weights(torch.float32)}  # copies: fp32 aliases
+
+
+def _across_layouts(path: str, root: str) -> dict:
+    """An fp32 TP=2 engine's checkpoint, loaded by a PP=2 engine."""
+    ckpt = os.path.join(root, "tp2_to_pp2", "actor")
+    tp2 = _build(path, (2, 1), {}, dtype="float32")
+    _update(tp2, seed=1)
+    tp2.engine.save_checkpoint(ckpt)
+    saved = _hf_weights(tp2.engine)
+    _update(tp2, seed=2)
+    continued = _hf_weights(tp2.engine)
+    del tp2
+    pp2 = _build(path, (1, 2), {}, dtype="float32")
+    pp2.engine.load_checkpoint(ckpt)
+    loaded = _hf_weights(pp2.engine)
+    _update(pp2, seed=2)
+    return {"saved": saved, "continued": continued, "loaded": loaded, "after_resume": _hf_weights(pp2.engine)}
+
+
 def _worker(rank: int, tmp: str) -> None:
     import torch.distributed as dist
 
@@ -109,6 +132,7 @@ def _worker(rank: int, tmp: str) -> None:
     dist.barrier()
     with pytest.MonkeyPatch.context() as monkeypatch, cuda_as_cpu(monkeypatch):
         results = {name: _run_layout(path, tmp, name) for name in LAYOUTS}
+        results["across"] = _across_layouts(path, tmp)
     torch.save(results, os.path.join(tmp, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -129,6 +153,13 @@ def test_megatron_resume_restores_weights_adam_state_and_schedule_at_tp2_and_pp2
         mp.spawn(_worker, args=(tmp,), nprocs=2)
         results = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(2)]
     for rank, by_layout in enumerate(results):
+        across = by_layout.pop("across")
+        assert across["loaded"].keys() == across["saved"].keys(), rank
+        for key, saved in across["saved"].items():
+            assert torch.equal(across["loaded"][key], saved), f"TP=2 checkpoint at PP=2, rank {rank}: {key}"
+            update = (across["continued"][key] - saved).abs().max()
+            assert update > 1e-4, key  # every tensor moved: a lost Adam state would move it differently
+            torch.testing.assert_close(across["after_resume"][key], across["continued"][key], rtol=0, atol=1e-6)
         for name, run in by_layout.items():
             where = f"{name} rank {rank}"
             saved, loaded = run["saved"], run["loaded"]
