@@ -34,8 +34,8 @@ ACTOR = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=tr
 
 
 def _megatron_cpu():
-    """fp32 with the local layers; megatron-core clips gradients and runs its distributed optimizer on CUDA only,
-    so neither here (and the FSDP twins clip at a bound they never reach)."""
+    """fp32 with the local layers, the plain optimizer and no clipping (the FSDP twins clip at a bound they never
+    reach); the PP=2 critic test below runs the distributed optimizer and clipping, which the CPU shim supports."""
     from verlx.config.engine import MegatronConfig
 
     return MegatronConfig(dtype="float32", use_transformer_engine="false", use_distributed_optimizer=False)
