@@ -21,7 +21,7 @@ from engine_fakes.fake_sglang import install_fake_sglang
 from engine_fakes.fake_sglang_server import write_importable_package
 from verlx.config.roles import RolloutServerConfig
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
-from verlx.rollout.sglang_server import ServerStartError
+from verlx.rollout.engine_server import ServerStartError
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
