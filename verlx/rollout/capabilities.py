@@ -41,7 +41,8 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
                         f"several GPUs, but {ROLLOUT}.name={name} cannot ({engine.__name__}.supports_tensor_parallel "
                         f"is False); set it to 1 (each GPU then generates its own data-parallel shard) or use "
                         f"{alternatives('supports_tensor_parallel')}")
-    if engine.tensor_parallel_in_lockstep and tp > 1:
+    # in server mode a group's first rank drives its server alone: no peers to keep in step
+    if engine.tensor_parallel_in_lockstep and tp > 1 and not rollout.server.enable:
         independent = [n for n in _able("supports_tensor_parallel") if n in _able("tensor_parallel_in_lockstep", False)]
         for key in _timing_dependent(cfg):
             problems.append(f"{key} with {ROLLOUT}.name={name} needs {ROLLOUT}.tensor_model_parallel_size=1 (got "

@@ -112,8 +112,8 @@ class SGLangRolloutEngine(ExternalEngine):
     def _start(self, field_names: frozenset[str], cpu_backup: bool) -> None:
         """Place and start this group's engines; a failure on any rank of the group raises on all of them."""
         peers = self.tp.all_gather((_node_ip(), os.environ.get("CUDA_VISIBLE_DEVICES")))
-        error = None
-        try:
+
+        def start() -> None:
             visible, base_gpu_id = engine_visible_devices(self.layout, [devices for _, devices in peers])
             dist_init_addr = (
                 _host_port(peers[0][0], self.layout.dist_init_port) if self.layout.needs_dist_init_addr else None
@@ -129,13 +129,8 @@ class SGLangRolloutEngine(ExternalEngine):
             )
             if self.layout.launches_engine:
                 self._engine = self._launch(visible)
-        except Exception as e:
-            error = e
-        failures = [f for f in self.tp.all_gather(None if error is None else f"rank {self.ctx.rank}: {error}") if f]
-        if error is not None:
-            raise error
-        if failures:
-            raise RuntimeError(f"sglang engine start failed on a tensor-parallel peer: {failures}")
+
+        self.tp.run_checked(start, "sglang engine start")
 
     def _launch(self, visible_devices: str | None):
         """sglang.Engine() with the environment its spawned processes need (the trainer's own is put back), or in
