@@ -23,6 +23,7 @@ from engine_fakes.fake_vllm_server import write_importable_package
 from verlx.config.roles import RolloutServerConfig
 from verlx.rollout.engine_server import ServerStartError
 from verlx.rollout.vllm_engine import VLLMRolloutEngine
+from verlx.rollout.vllm_server import SERVER_ENV
 from verlx.rollout.weight_sync import WeightSyncError
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -162,3 +163,15 @@ def test_a_server_that_does_not_come_up_names_its_port_log_and_what_to_check(fak
            "code 1" in message
     assert f"verlx_vllm_server_rank0_port{port}.log:" in message and expected_in_log in message
     assert f"Check that port {port} is free" in message and "server.startup_timeout_s" in message
+
+
+def test_a_server_without_its_development_endpoints_is_named(fake, tmp_path, monkeypatch):
+    """Without VLLM_SERVER_DEV_MODE=1 vLLM serves no /collective_rpc (nor /sleep, /abort_requests...): the start
+    stops at the first call to one, saying which and why."""
+    monkeypatch.setitem(SERVER_ENV, "VLLM_SERVER_DEV_MODE", "0")
+    port = free_port()
+    with pytest.raises(RuntimeError, match=r"vllm server http://127.0.0.1:\d+/collective_rpc answered 404: .*; this "
+                                           r"vLLM release's server has no /collective_rpc: .*VLLM_SERVER_DEV_MODE=1"):
+        VLLMRolloutEngine(server_ctx(tmp_path / "model", port))
+    with pytest.raises(urllib.error.URLError):  # and the server was stopped
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)

@@ -44,8 +44,15 @@ def server_port(layout, configured: int | None) -> int:
 
 
 def server_environment(env: dict[str, str | None]) -> dict[str, str]:
-    """The worker's environment with the engine's variables on top (None: removed)."""
-    return {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    """The worker's environment with the engine's variables on top (None: removed), and the directory verlx is
+    imported from first on PYTHONPATH: the server process runs verlx's module, and the engine's own processes may
+    import verlx code (vLLM's worker extension), whatever directory the worker runs in."""
+    import verlx
+
+    merged = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    source = os.path.dirname(os.path.dirname(os.path.abspath(verlx.__file__)))
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in (source, merged.get("PYTHONPATH")) if p)
+    return merged
 
 
 class EngineServer:

@@ -70,7 +70,11 @@ class VLLMRolloutEngine(ExternalEngine):
             self.tp = TensorParallelGroup.create(self.layout)
             peers = self.tp.all_gather(os.environ.get("CUDA_VISIBLE_DEVICES"))
             self.tp.run_checked(lambda: self._start_server(peers), "vllm server start")
-            info = self.tp.run_on_leader(lambda: self._engine.model_info())
+            try:
+                info = self.tp.run_on_leader(lambda: self._engine.model_info())
+            except BaseException:
+                self.shutdown()  # no server is left holding the GPU and the port
+                raise
             param_names, packed = info["param_names"], info["packed_modules_mapping"]
         else:
             # The engine core must live in this process (the model is reached in place); read when vllm starts.

@@ -37,6 +37,15 @@ class VLLMServer(EngineServer):
     module = "verlx.rollout.vllm_server"
     health_path = "/health"
 
+    def _refusal(self, endpoint: str, status: int, body: str) -> str:
+        message = super()._refusal(endpoint, status, body)
+        if status == 404:
+            message += (f"; this vLLM release's server has no /{endpoint.split('?')[0]}: verlx's server mode uses the "
+                        "endpoints of vLLM 0.26.0, the development ones only served with VLLM_SERVER_DEV_MODE=1 "
+                        "(which verlx sets for the server); use a release that has them or turn "
+                        "actor_rollout_ref.rollout.server.enable off")
+        return message
+
     # ------------------------------------------------------------------ generation
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> dict:
         return await self._post_json("inference/v1/generate", {"request_id": request_id, "token_ids": prompt_ids,
