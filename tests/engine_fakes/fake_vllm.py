@@ -1,7 +1,8 @@
 """A recording stand-in for vllm's in-process LLM API (0.11–0.33 as documented in
 /work/shared/reference/engine-apis.md): EngineArgs validation, SamplingParams (max_tokens defaults to 16),
 TokensPrompt, RequestOutput / CompletionOutput / Logprob, sleep levels, wake_up's "fully awake" answer, and a
-model whose load_weights fuses q/k/v and gate/up like vLLM's and reports the vLLM names it loaded."""
+model whose load_weights fuses q/k/v and gate/up like vLLM's and reports the vLLM names it loaded; and the
+OpenAI-compatible HTTP server over the same engine (fake_vllm_server.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ from torch import nn
 
 from engine_fakes._install import install, module
 from engine_fakes.fake_sglang import fake_completion
+from engine_fakes.fake_vllm_server import (
+    FlexibleArgumentParser,
+    make_arg_parser,
+    make_run_server,
+    validate_parsed_serve_args,
+)
 
 ENV_SEEN = ("LOCAL_RANK", "VLLM_ENABLE_V1_MULTIPROCESSING", "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -131,6 +138,7 @@ class EngineArgs:
     logprobs_mode: str = "raw_logprobs"
     max_logprobs: int = 20
     sleep_mode_offload_cudagraph: bool = False
+    worker_extension_cls: str = ""
 
 
 class FakeQwen2(nn.Module):
@@ -189,6 +197,11 @@ class FakeVLLM:
     steps_of: Any = default_steps
     #: seconds each engine step takes
     step_s: float = 0.0
+    #: the server: seconds each engine step takes (without blocking its event loop); why the engine fails to start
+    server_step_s: float = 0.0
+    start_error: str | None = None
+    #: a request makes no progress after this many steps (it stays running: a test aborts it mid-way)
+    stall_after: int | None = None
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -242,6 +255,8 @@ def _engine_class(state: FakeVLLM, llm) -> type:
             time.sleep(state.step_s)
             outputs = []
             for request_id, entry in list(self.running.items()):
+                if state.stall_after is not None and entry["done"] >= state.stall_after:
+                    continue
                 n, steps = len(entry["tokens"]), entry["steps"]
                 entry["done"] += 1
                 finished = entry["done"] == steps
@@ -336,6 +351,15 @@ def install_fake_vllm(version: str, dist_dir: str) -> FakeVLLM:
                                        RequestOutputKind=RequestOutputKind),
         "vllm.outputs": module("vllm.outputs", RequestOutput=RequestOutput, CompletionOutput=CompletionOutput),
         "vllm.logprobs": module("vllm.logprobs", Logprob=Logprob),
+        # the OpenAI-compatible server (fake_vllm_server.py)
+        "vllm.entrypoints": module("vllm.entrypoints"),
+        "vllm.entrypoints.openai": module("vllm.entrypoints.openai"),
+        "vllm.entrypoints.openai.api_server": module("vllm.entrypoints.openai.api_server",
+                                                     run_server=make_run_server(state)),
+        "vllm.entrypoints.openai.cli_args": module("vllm.entrypoints.openai.cli_args", make_arg_parser=make_arg_parser,
+                                                   validate_parsed_serve_args=validate_parsed_serve_args),
+        "vllm.utils": module("vllm.utils"),
+        "vllm.utils.argparse_utils": module("vllm.utils.argparse_utils", FlexibleArgumentParser=FlexibleArgumentParser),
     }
     assert dataclasses.is_dataclass(EngineArgs)
     state.undo = install("vllm", version, modules, dist_dir)

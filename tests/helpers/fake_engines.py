@@ -2,8 +2,8 @@
 through Ray can name (rollout.name=helpers.fake_engines:FakeSGLangEngine): the stand-in is installed into each
 worker process when its engine is built. Every request runs to its token budget with tokens inside the tiny test
 model's vocabulary, one token per round (SGLang) or step (vLLM) taking engine_kwargs.custom.token_s seconds, so a
-generation is still running when the trainer's weights change (partial rollout). FakeSGLangEngine also runs in
-server mode, against the stand-in's HTTP server."""
+generation is still running when the trainer's weights change (partial rollout). Both also run in server mode,
+against their stand-in's HTTP server."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import tempfile
 from engine_fakes.fake_sglang import install_fake_sglang
 from engine_fakes.fake_sglang_server import write_importable_package
 from engine_fakes.fake_vllm import install_fake_vllm
+from engine_fakes.fake_vllm_server import write_importable_package as write_importable_vllm
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
 from verlx.rollout.vllm_engine import VLLMRolloutEngine
 
@@ -58,9 +59,18 @@ class FakeSGLangEngine(_Available, SGLangRolloutEngine):
 
 
 class FakeVLLMEngine(_Available, VLLMRolloutEngine):
+    """In server mode (rollout.server.enable) the server process imports the stand-in too, set up alike."""
+
     def __init__(self, ctx):
         state = install_fake_vllm("0.26.0", tempfile.mkdtemp(prefix="fake_vllm_"))
         state.completion = to_budget
         state.steps_of = lambda tokens: max(1, tokens)
         state.step_s = float(ctx.config.engine_kwargs.custom.get("token_s", 0.0))
+        if ctx.config.server.enable:
+            site = write_importable_vllm(tempfile.mkdtemp(prefix="fake_vllm_site_"))
+            os.environ.update(
+                PYTHONPATH=os.pathsep.join([site, TESTS, os.environ.get("PYTHONPATH", "")]),
+                FAKE_VLLM_VERSION="0.26.0", FAKE_VLLM_DIST=tempfile.mkdtemp(prefix="fake_vllm_server_"),
+                FAKE_VLLM_ONE_STEP_PER_TOKEN="1", FAKE_VLLM_STEP_S=str(state.step_s),
+                FAKE_VLLM_COMPLETION="helpers.fake_engines:to_budget")
         super().__init__(ctx)

@@ -20,8 +20,8 @@ from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
 from engine_fakes.fake_sglang import install_fake_sglang
 from engine_fakes.fake_sglang_server import write_importable_package
 from verlx.config.roles import RolloutServerConfig
+from verlx.rollout.engine_server import ServerStartError
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
-from verlx.rollout.sglang_server import ServerStartError
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -129,6 +129,7 @@ def test_a_server_that_does_not_come_up_names_its_port_log_and_what_to_check(fak
 
 
 def test_an_engine_without_a_server_is_refused_before_ray_naming_it():
+    """native and hf have no server; sglang and vllm do."""
     from verlx.config.loader import build, load_yaml, to_container
     from verlx.config.schema import PPOConfig
     from verlx.rollout.capabilities import capability_problems
@@ -137,11 +138,19 @@ def test_an_engine_without_a_server_is_refused_before_ray_naming_it():
         return build(PPOConfig, to_container(load_yaml(overrides=[
             f"actor_rollout_ref.rollout.name={name}", "actor_rollout_ref.rollout.server.enable=true", *more])))
 
-    (problem,) = capability_problems(config("vllm"))
+    (problem,) = capability_problems(config("native"))
     assert problem == ("actor_rollout_ref.rollout.server.enable=true needs a rollout engine that serves its requests "
-                       "from an HTTP server, but actor_rollout_ref.rollout.name=vllm cannot "
-                       "(VLLMRolloutEngine.supports_server is False); use actor_rollout_ref.rollout.name=sglang")
-    assert capability_problems(config("sglang")) == []
+                       "from an HTTP server, but actor_rollout_ref.rollout.name=native cannot "
+                       "(NativeEngine.supports_server is False); use actor_rollout_ref.rollout.name=sglang or "
+                       "actor_rollout_ref.rollout.name=vllm")
+    assert capability_problems(config("sglang")) == capability_problems(config("vllm")) == []
+    # vLLM's tensor-parallel peers run in lockstep in-process only: in server mode the group's first rank drives
+    tools = ["actor_rollout_ref.rollout.multi_turn.enable=true", "trainer.n_gpus_per_node=2",
+             "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+    assert capability_problems(config("vllm", *tools)) == []
+    (problem,) = capability_problems(config("vllm", *tools, "actor_rollout_ref.rollout.server.enable=false"))
+    assert problem.startswith("actor_rollout_ref.rollout.multi_turn.enable=true with actor_rollout_ref.rollout.name="
+                              "vllm needs actor_rollout_ref.rollout.tensor_model_parallel_size=1")
     (problem,) = capability_problems(config("sglang", "trainer.nnodes=2", "trainer.n_gpus_per_node=2",
                                             "actor_rollout_ref.rollout.tensor_model_parallel_size=4"))
     assert problem.startswith("actor_rollout_ref.rollout.server.enable=true with actor_rollout_ref.rollout."

@@ -1,4 +1,6 @@
-"""vLLM mappings: sampling parameters, RequestOutput parsing, loaded-name checks, LLM arguments."""
+"""vLLM mappings: sampling parameters, RequestOutput parsing, loaded-name checks, LLM arguments; in server mode the
+server's arguments, its requests' sampling_params and its answers (the JSON of vLLM 0.26.0's
+/inference/v1/generate), and the weight handles its workers open."""
 
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ from verlx.rollout.kernel_backends import KernelInventory
 from verlx.rollout.token_io import EngineGenerationError
 from verlx.rollout.vllm_adapter import (
     build_llm_args,
+    build_server_args,
     completion_tokens,
     finish_of,
+    parse_generate_response,
+    server_sampling_params,
     unloaded_names,
     vllm_sampling_kwargs,
 )
+from verlx.rollout.vllm_weight_receiver import EXTENSION, encode_bucket, open_bucket, tensor_handle
 
 
 @pytest.mark.parametrize(
@@ -85,3 +91,63 @@ def test_user_engine_kwargs_pass_through(tmp_path):
                           KernelInventory(capability=None))
     assert args["max_logprobs"] == 1 and args["enforce_eager"] is True
     assert "sleep_mode_offload_cudagraph" not in args  # None means "leave vLLM's default"
+
+
+def test_server_arguments_are_the_in_process_ones_with_the_servers_own_workers(tmp_path):
+    fields = ["model", "worker_extension_cls", "max_logprobs"]
+    ctx = make_ctx(str(tmp_path), world_size=4, tp_size=2)
+    in_process = build_llm_args(ctx, plan_engine_layout(0, 4, 2, 4, 1), fields, KernelInventory(capability=None))
+    server = build_server_args(ctx, plan_engine_layout(0, 4, 2, 4, 1), fields, KernelInventory(capability=None),
+                               "0.0.0.0", 31000, EXTENSION)
+    assert server == {**in_process, "distributed_executor_backend": "mp", "host": "0.0.0.0", "port": 31000,
+                      "worker_extension_cls": "verlx.rollout.vllm_weight_receiver.VLLMWeightReceiver"}
+    single = build_server_args(make_ctx(str(tmp_path)), plan_engine_layout(0, 1, 1, 1, 1), fields,
+                               KernelInventory(capability=None), "127.0.0.1", 31000, EXTENSION)
+    assert single["distributed_executor_backend"] == "uni"  # in the server's engine process
+    own = make_ctx(str(tmp_path), engine_kwargs=EngineKwargs(vllm={"worker_extension_cls": "my.Ext"}))
+    with pytest.raises(ValueError, match=r"engine_kwargs.vllm.worker_extension_cls is set by verlx in server mode"):
+        build_server_args(own, plan_engine_layout(0, 1, 1, 1, 1), fields, KernelInventory(capability=None),
+                          "127.0.0.1", 31000, EXTENSION)
+
+
+def test_server_requests_are_answered_once_with_every_token():
+    params = SamplingParams(n=2, temperature=0.7, max_new_tokens=9, stop_token_ids=[2])
+    assert server_sampling_params(params, True) == {**vllm_sampling_kwargs(params, True), "output_kind": 2}
+
+
+def choice(index, ids, reason="length", names=None):
+    names = [f"token_id:{t}" for t in ids] if names is None else names
+    content = [{"token": name, "logprob": -0.5 * (k + 1), "bytes": None, "top_logprobs": []}
+               for k, name in enumerate(names)]
+    return {"index": index, "token_ids": ids, "finish_reason": reason, "logprobs": {"content": content}}
+
+
+def test_a_generate_answer_gives_each_samples_tokens_and_log_probs_in_sample_order():
+    answer = {"request_id": "generate-tokens-verlx-0-4",
+              "choices": [choice(1, [7], "abort"), choice(0, [5, 2], "stop")]}
+    assert parse_generate_response(answer, 2, True, "r") == [([5, 2], [-0.5, -1.0], "stop"), ([7], [-0.5], "abort")]
+    assert parse_generate_response(answer, 2, False, "r") == [([5, 2], None, "stop"), ([7], None, "abort")]
+
+
+def test_generate_answer_errors():
+    with pytest.raises(EngineGenerationError, match=r"request r: choices \[0\] for 2 requested samples"):
+        parse_generate_response({"choices": [choice(0, [5])]}, 2, True, "r")
+    with pytest.raises(EngineGenerationError, match=r"request r sample 0: log-probs name tokens \['token_id:6'\] but "
+                                                    r"the sampled tokens are \[5\]"):
+        parse_generate_response({"choices": [choice(0, [5], names=["token_id:6"])]}, 1, True, "r")
+    with pytest.raises(EngineGenerationError, match=r"log-probs name tokens None"):
+        parse_generate_response({"choices": [{**choice(0, [5]), "logprobs": None}]}, 1, True, "r")
+
+
+def test_weight_handles_open_on_the_workers_device():
+    """CPU tensors travel by value (CUDA ones as CUDA-IPC handles keyed by GPU UUID: tests/gpu)."""
+    import torch
+
+    tensors = [("a", torch.arange(6.0).reshape(2, 3)), ("b", torch.ones(2, dtype=torch.bfloat16))]
+    opened = open_bucket(encode_bucket([(name, tensor_handle(t)) for name, t in tensors]), torch.device("cpu"))
+    assert [name for name, _ in opened] == ["a", "b"]
+    for (_, sent), (_, got) in zip(tensors, opened):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)
+    with pytest.raises(ValueError, match=r"weight a: no handle for this worker's device cpu \(the trainer sent handles "
+                                         r"for \['GPU-1'\]\)"):
+        open_bucket(encode_bucket([("a", {"GPU-1": ()})]), torch.device("cpu"))

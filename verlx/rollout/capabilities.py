@@ -41,13 +41,16 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
                         f"several GPUs, but {ROLLOUT}.name={name} cannot ({engine.__name__}.supports_tensor_parallel "
                         f"is False); set it to 1 (each GPU then generates its own data-parallel shard) or use "
                         f"{alternatives('supports_tensor_parallel')}")
-    if engine.tensor_parallel_in_lockstep and tp > 1:
+    # in server mode a group's first rank drives its server alone: no peers to keep in step
+    if engine.tensor_parallel_in_lockstep and tp > 1 and not rollout.server.enable:
         independent = [n for n in _able("supports_tensor_parallel") if n in _able("tensor_parallel_in_lockstep", False)]
+        server = (f"set {ROLLOUT}.server.enable=true (the group's first rank alone drives the engine's server), "
+                  if engine.supports_server else "")
         for key in _timing_dependent(cfg):
             problems.append(f"{key} with {ROLLOUT}.name={name} needs {ROLLOUT}.tensor_model_parallel_size=1 (got "
                             f"{tp}): the engine's tensor-parallel peers must receive the same requests in the same "
-                            "order, which requests that depend on timing (tool calls, interruptions) break; or use "
-                            + " or ".join(f"{ROLLOUT}.name={n}" for n in independent))
+                            f"order, which requests that depend on timing (tool calls, interruptions) break; {server}"
+                            "or use " + " or ".join(f"{ROLLOUT}.name={n}" for n in independent))
     return problems
 
 

@@ -11,8 +11,6 @@ inside methods.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
@@ -36,7 +34,8 @@ from verlx.rollout.sglang_adapter import (
     server_arg_names,
     sglang_sampling_params,
 )
-from verlx.rollout.stream import ABORT, Finished, RequestStream, StreamLimits
+from verlx.rollout.stream import Finished, StreamLimits
+from verlx.rollout.task_stream import TaskStream
 from verlx.rollout.tp_group import TensorParallelGroup
 from verlx.rollout.weight_sync import (
     bucket_bytes_of,
@@ -50,8 +49,6 @@ from verlx.utils.memory import ALLOC_CONF_ENV, alloc_conf_without_expandable_seg
 
 logger = logging.getLogger(__name__)
 ENGINE = "sglang"
-#: how long a step waits for a request to finish before it returns (an interruption is seen within this)
-STEP_WAIT_S = 0.05
 #: variables sglang.Engine() writes into the caller's environment; put back so the trainer keeps its own
 _ENGINE_WRITES_ENV = ("NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS")
 
@@ -115,8 +112,8 @@ class SGLangRolloutEngine(ExternalEngine):
     def _start(self, field_names: frozenset[str], cpu_backup: bool) -> None:
         """Place and start this group's engines; a failure on any rank of the group raises on all of them."""
         peers = self.tp.all_gather((_node_ip(), os.environ.get("CUDA_VISIBLE_DEVICES")))
-        error = None
-        try:
+
+        def start() -> None:
             visible, base_gpu_id = engine_visible_devices(self.layout, [devices for _, devices in peers])
             dist_init_addr = (
                 _host_port(peers[0][0], self.layout.dist_init_port) if self.layout.needs_dist_init_addr else None
@@ -132,13 +129,8 @@ class SGLangRolloutEngine(ExternalEngine):
             )
             if self.layout.launches_engine:
                 self._engine = self._launch(visible)
-        except Exception as e:
-            error = e
-        failures = [f for f in self.tp.all_gather(None if error is None else f"rank {self.ctx.rank}: {error}") if f]
-        if error is not None:
-            raise error
-        if failures:
-            raise RuntimeError(f"sglang engine start failed on a tensor-parallel peer: {failures}")
+
+        self.tp.run_checked(start, "sglang engine start")
 
     def _launch(self, visible_devices: str | None):
         """sglang.Engine() with the environment its spawned processes need (the trainer's own is put back), or in
@@ -162,15 +154,13 @@ class SGLangRolloutEngine(ExternalEngine):
             mp.set_start_method(start_method, force=True)
 
     def _launch_server(self, env: dict[str, str | None]):
-        from verlx.rollout.sglang_server import launch_sglang_server
+        from verlx.rollout.engine_server import server_environment, server_port
+        from verlx.rollout.sglang_server import SGLangServer
 
         server = self.config.server
-        replica_on_node = self.layout.node_peer_ranks[0] % self.layout.n_gpus_per_node // self.layout.tp_size
-        port = self.layout.port if server.port is None else int(server.port) + replica_on_node
-        self.server_args = {**self.server_args, "host": server.host, "port": port}
-        child_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
-        client = launch_sglang_server(self.server_args, child_env, float(server.startup_timeout_s), self.ctx.rank,
-                                      self.layout.tp_size)
+        self.server_args = {**self.server_args, "host": server.host, "port": server_port(self.layout, server.port)}
+        client = SGLangServer.launch(self.server_args, server_environment(env), float(server.startup_timeout_s),
+                                     self.ctx.rank, tp_size=self.layout.tp_size)
         logger.info("rollout rank %d: sglang server at %s (log %s)", self.ctx.rank, client.url, client.log_path)
         return client
 
@@ -290,76 +280,29 @@ class SGLangRolloutEngine(ExternalEngine):
         ]
 
 
-class SGLangStream(RequestStream):
-    """Engine.async_generate per request, a task on the engine's own event loop (its tokenizer manager is bound to
-    it; the scheduler processes generate whatever this process does). A step runs the loop until a request finished
-    (or STEP_WAIT_S passed); from a coroutine on that loop it awaits one instead. A prompt's samples go as one
-    request with n (SGLang prefills the prompt once for all of them; such a group is cancelled whole). Requests are
-    sent at the next step; cancelling one not sent yet drops it here, the others go through
-    TokenizerManager.abort_request: one abort_all when every request still running is cancelled (as veRL did), else
-    one per request id, and an aborted request comes back with the tokens it had."""
+class SGLangStream(TaskStream):
+    """Engine.async_generate per prompt (its samples as one request with n), a task on the engine's own event loop
+    (its tokenizer manager is bound to it; the scheduler processes generate whatever this process does); an abort
+    goes through TokenizerManager.abort_request: one abort_all when every request still running is cancelled (as
+    veRL did), else one per request id."""
 
     def __init__(self, engine, params: SamplingParams, limits: StreamLimits, want_log_probs: bool, prefix: str):
-        super().__init__(params, limits, want_log_probs)
-        self.engine, self.loop, self.prefix = engine, engine.loop, prefix
-        self._unsent: list[tuple[list[str], list[int], dict]] = []  # submitted, sent to the engine at the next step
-        self._tasks: dict[asyncio.Task, list[str]] = {}
-        self._aborting: set[str] = set()
+        super().__init__(engine.loop, params, limits, want_log_probs, prefix)
+        self.engine = engine
 
-    def _submit(self, key, prompt_ids, max_new_tokens, seed, follows) -> None:
-        self._queue([key], prompt_ids, max_new_tokens)
+    def _request(self, request_ids, prompt_ids, params):
+        return self.engine.async_generate(input_ids=prompt_ids, sampling_params=sglang_sampling_params(params),
+                                          return_logprob=self.want_log_probs,
+                                          rid=request_ids if len(request_ids) > 1 else request_ids[0])
 
-    def _submit_samples(self, keys, prompt_ids, max_new_tokens, seeds) -> None:
-        self._queue(keys, prompt_ids, max_new_tokens)
+    def _finished(self, result, keys):
+        return [Finished(key, sample.token_ids, sample.log_probs, sample.finish_reason, sample.detail)
+                for key, sample in zip(keys, parse_sglang_outputs(result, len(keys), self.want_log_probs))]
 
-    def _queue(self, keys: list[str], prompt_ids: list[int], max_new_tokens: int) -> None:
-        params = dataclasses.replace(self.params, n=len(keys), max_new_tokens=max_new_tokens)
-        self._unsent.append((keys, prompt_ids, sglang_sampling_params(params)))
-
-    def _send(self) -> None:
-        for keys, prompt_ids, sampling in self._unsent:
-            rids = [self.prefix + key for key in keys]
-            request = self.engine.async_generate(input_ids=prompt_ids, sampling_params=sampling,
-                                                 return_logprob=self.want_log_probs,
-                                                 rid=rids if len(rids) > 1 else rids[0])
-            self._tasks[self.loop.create_task(request)] = keys
-        self._unsent = []
-
-    def _step(self) -> list[Finished]:
-        self._send()
-        if self._tasks and not self.loop.is_running():
-            self.loop.run_until_complete(asyncio.wait(list(self._tasks), timeout=STEP_WAIT_S,
-                                                      return_when=asyncio.FIRST_COMPLETED))
-        return self._collect()
-
-    async def _progress(self) -> None:
-        self._send()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=STEP_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-
-    def _collect(self) -> list[Finished]:
-        out = []
-        for task in [t for t in self._tasks if t.done()]:
-            keys = self._tasks.pop(task)
-            self._aborting.difference_update(keys)
-            for key, sample in zip(keys, parse_sglang_outputs(task.result(), len(keys), self.want_log_probs)):
-                out.append(Finished(key, sample.token_ids, sample.log_probs, sample.finish_reason, sample.detail))
-        return out
-
-    def _cancel(self, keys: set[str]) -> list[Finished]:
-        unsent = [request for request in self._unsent if keys & set(request[0])]
-        self._unsent = [request for request in self._unsent if not keys & set(request[0])]
-        dropped = [Finished(key, [], [] if self.want_log_probs else None, ABORT) for group, _, _ in unsent
-                   for key in group]
-        running = {k for task, ks in self._tasks.items() if not task.done() for k in ks} - self._aborting
-        targets = keys & running
-        if not targets:
-            return dropped
+    def _abort(self, request_ids, every_running):
         manager = self.engine.tokenizer_manager
-        if targets == running:
+        if every_running:
             manager.abort_request(abort_all=True)
         else:
-            for key in sorted(targets):
-                manager.abort_request(rid=self.prefix + key)
-        self._aborting |= targets
-        return dropped
+            for request_id in request_ids:
+                manager.abort_request(rid=request_id)

@@ -83,6 +83,23 @@ class TensorParallelGroup:
         return value
 
 
+    def run_checked(self, fn: Callable[[], Any], what: str) -> Any:
+        """Run `fn` on every rank; if it fails on any, every rank raises (its own error, or one naming the peers'
+        failures), so no rank goes on with a group that is not whole. `what`: the step, in the message."""
+        error: Exception | None = None
+        result = None
+        try:
+            result = fn()
+        except Exception as e:  # reported to the peers below, then re-raised
+            error = e
+        failures = [f for f in self.all_gather(None if error is None else f"rank {self.layout.rank}: {error}") if f]
+        if error is not None:
+            raise error
+        if failures:
+            raise RuntimeError(f"{what} failed on a tensor-parallel peer: {failures}")
+        return result
+
+
 def _picklable(error: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(error))

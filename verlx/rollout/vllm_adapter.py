@@ -155,3 +155,53 @@ def unloaded_names(sent: list[str], loaded: set[str], packed_modules_mapping: di
         if not fused_names & loaded:
             missing.append(name)
     return missing
+
+
+# ---------------------------------------------------------------------- server mode (vllm_server.py)
+#: vLLM's RequestOutputKind.FINAL_ONLY: a non-streaming request's one answer holds every token (an aborted one too)
+FINAL_ONLY = 2
+
+
+def build_server_args(ctx: RolloutContext, layout: EngineLayout, field_names: Iterable[str],
+                      kernels: KernelInventory, host: str, port: int, extension: str) -> dict[str, Any]:
+    """The arguments of the replica's vLLM server: those of the in-process LLM, with the server's own workers
+    instead of the external launcher (in its process at tensor-parallel size 1, else one process per GPU of the
+    group: vLLM's "uni" and "mp" executors) and verlx's weight receiver as worker extension."""
+    args = build_llm_args(ctx, layout, field_names, kernels)
+    args["distributed_executor_backend"] = "uni" if layout.tp_size == 1 else "mp"
+    if args.get("worker_extension_cls"):
+        raise ValueError(f"{ENGINE_KWARGS_KEY}.worker_extension_cls is set by verlx in server mode (its weight "
+                         f"receiver, {extension}); remove it or turn actor_rollout_ref.rollout.server.enable off")
+    return {**args, "worker_extension_cls": extension, "host": host, "port": port}
+
+
+def server_sampling_params(params: SamplingParams, want_log_probs: bool) -> dict[str, Any]:
+    """The sampling_params of a /inference/v1/generate request: the in-process ones, answered once (FINAL_ONLY)."""
+    return {**vllm_sampling_kwargs(params, want_log_probs), "output_kind": FINAL_ONLY}
+
+
+def parse_generate_response(answer: dict, n_samples: int, want_log_probs: bool,
+                            request: str) -> list[tuple[list[int], list[float] | None, str]]:
+    """A /inference/v1/generate answer → (token ids, log-probs, finish reason) per sample, in sample order.
+
+    {"choices": [{"index", "token_ids", "finish_reason", "logprobs": {"content": [{"token": "token_id:<id>",
+    "logprob"}, ...]}}]}: vLLM names each log-prob's token as "token_id:<id>" (clamped at -9999.0); they must be
+    the sampled tokens. An aborted request (finish reason "abort") keeps the tokens it had.
+    """
+    choices = sorted(answer.get("choices") or [], key=lambda choice: choice["index"])
+    if [choice["index"] for choice in choices] != list(range(n_samples)):
+        raise EngineGenerationError(f"vllm server request {request}: choices {[c['index'] for c in choices]} for "
+                                    f"{n_samples} requested samples")
+    out = []
+    for choice in choices:
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        log_probs = None
+        if want_log_probs:
+            content = (choice.get("logprobs") or {}).get("content")
+            if content is None or [entry["token"] for entry in content] != [f"token_id:{t}" for t in ids]:
+                named = None if content is None else [entry["token"] for entry in content][:6]
+                raise EngineGenerationError(f"vllm server request {request} sample {choice['index']}: log-probs "
+                                            f"name tokens {named} but the sampled tokens are {ids[:6]}...")
+            log_probs = [float(entry["logprob"]) for entry in content]
+        out.append((ids, log_probs, str(choice.get("finish_reason"))))
+    return out

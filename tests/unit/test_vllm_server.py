@@ -1,0 +1,177 @@
+"""Server mode of the vllm engine (actor_rollout_ref.rollout.server.enable) against a real HTTP server process that
+behaves as vLLM 0.26.0's OpenAI-compatible server (the stand-in's engine behind its endpoints,
+tests/engine_fakes/fake_vllm_server.py): verlx starts it with the in-process arguments and its development
+endpoints, waits for /health, generates through /inference/v1/generate (the same batch as in-process), pushes
+weights through /collective_rpc into its weight receiver in every worker (the loaded names checked as in-process),
+sleeps and wakes it, aborts a partial rollout's requests by name (they come back with the tokens they had), and
+stops it. A server that does not come up is named with its port, its log's last lines and what to check."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
+from engine_fakes.fake_sglang import fake_completion
+from engine_fakes.fake_vllm import install_fake_vllm
+from engine_fakes.fake_vllm_server import write_importable_package
+from verlx.config.roles import RolloutServerConfig
+from verlx.rollout.engine_server import ServerStartError
+from verlx.rollout.vllm_engine import VLLMRolloutEngine
+from verlx.rollout.vllm_server import SERVER_ENV
+from verlx.rollout.weight_sync import WeightSyncError
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HF_NAMES = [n.replace("_fsdp_wrapped_module.", "") for n, _ in trainer_weights()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """The stand-in in this process (the release check, EngineArgs) and importable by the server process."""
+    site = write_importable_package(str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([site, TESTS, os.path.dirname(TESTS),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAKE_VLLM_VERSION", "0.26.0")
+    monkeypatch.setenv("FAKE_VLLM_DIST", str(tmp_path / "server_dist"))
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    state = install_fake_vllm("0.26.0", str(tmp_path / "dist"))
+    yield state
+    state.undo()
+
+
+def server_ctx(path, port: int, **overrides):
+    ctx = make_ctx(str(path), load_format="auto", **overrides)
+    ctx.config.server = RolloutServerConfig(enable=True, port=port, startup_timeout_s=60)
+    return ctx
+
+
+def calls(url: str) -> list[list]:
+    with urllib.request.urlopen(f"{url}/fake_calls", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_the_stream_and_the_weights_go_through_the_server(fake, tmp_path):
+    port = free_port()
+    engine = VLLMRolloutEngine(server_ctx(tmp_path / "model", port))
+    try:
+        assert engine.server_url == f"http://127.0.0.1:{port}"
+        (_, server_env), (_, llm_args, _) = calls(engine.server_url)[:2]
+        assert llm_args["worker_extension_cls"] == "verlx.rollout.vllm_weight_receiver.VLLMWeightReceiver"
+        assert llm_args["distributed_executor_backend"] == "uni" and llm_args["seed"] == 5
+        assert llm_args["logprobs_mode"] == "processed_logprobs" and llm_args["enable_sleep_mode"] is True
+        assert server_env["VLLM_SERVER_DEV_MODE"] == "1" and server_env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+        assert server_env["NCCL_NVLS_ENABLE"] == "0" and server_env["PYTORCH_CUDA_ALLOC_CONF"] is None
+        got = engine.generate(left_padded_prompts({"n": 2}))
+        in_process = VLLMRolloutEngine(make_ctx(str(tmp_path / "reference"), load_format="auto"))
+        want = in_process.generate(left_padded_prompts({"n": 2}))
+        for key in want.batch:
+            assert got.batch[key].tolist() == want.batch[key].tolist(), key
+        engine.sleep()
+        engine.wake_up(["weights"])
+        engine.update_weights(trainer_weights(scale=2.0))
+        engine.wake_up(["kv_cache"])
+        engine.generate(left_padded_prompts())
+        seen = calls(engine.server_url)
+        names = [c[0] for c in seen if c[0] in ("add_request", "sleep", "wake_up", "collective_rpc",
+                                                 "reset_prefix_cache")]
+        assert names == [
+            "collective_rpc",  # the model's parameter names and packed modules, at start
+            "add_request", "add_request", "add_request", "add_request",  # two prompts, n=2 each
+            "sleep", "wake_up", "collective_rpc", "wake_up",  # every tensor in one bucket; no reset while asleep
+            "add_request", "add_request",
+        ]
+        (info,), (loaded,) = [c[2] for c in seen if c[0] == "collective_rpc"]
+        assert info["packed_modules_mapping"] == {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                                                  "gate_up_proj": ["gate_proj", "up_proj"]}
+        fused = {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight"}
+        assert set(loaded) == set(info["param_names"]) == {n for n in HF_NAMES if "q_proj" not in n and "k_proj"
+                                                           not in n and "v_proj" not in n and "gate_proj" not in n
+                                                           and "up_proj" not in n} | fused
+        assert [c[1] for c in seen if c[0] in ("sleep", "wake_up")] == [1, ["weights"], ["kv_cache"]]
+    finally:
+        engine.shutdown()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+def test_a_partial_rollout_aborts_its_requests_by_name_and_keeps_their_tokens(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_ONE_STEP_PER_TOKEN", "1")
+    monkeypatch.setenv("FAKE_VLLM_STALL_AFTER", "2")  # every request holds 2 of its 6 tokens until aborted
+    engine = VLLMRolloutEngine(server_ctx(tmp_path / "model", free_port()))
+    try:
+        prompts = left_padded_prompts({"generation_id": 0, "ignore_eos": True})
+
+        def stalled() -> bool:  # three engine steps with both requests running: each holds its 2 tokens
+            return sum(1 for c in calls(engine.server_url) if c[0] == "step" and len(c[1]) == 2) >= 3
+
+        out = engine.generate(prompts, stalled)
+        assert out.batch["rollout_finished"].tolist() == [False, False]
+        expected = [fake_completion(ids, 0, {"max_new_tokens": 6, "stop_token_ids": []}) for ids in ([5, 6, 7], [9])]
+        assert out.batch["responses"][:, :2].tolist() == [tokens[:2] for tokens, _, _ in expected]
+        assert out.batch["response_mask"].sum(-1).tolist() == [2, 2]
+        assert out.batch["rollout_log_probs"][:, :2].flatten().tolist() == pytest.approx(
+            [lp for _, lps, _ in expected for lp in lps[:2]])
+        seen = calls(engine.server_url)
+        # by name (the server may be answering other clients), each name the prompt's request with its samples
+        assert [c[1] for c in seen if c[0] == "abort_requests"] == [["generate-tokens-verlx-0-0",
+                                                                     "generate-tokens-verlx-0-1"]]
+        assert sorted(sum([c[1] for c in seen if c[0] == "abort_request"], [])) == [
+            "0_generate-tokens-verlx-0-0", "0_generate-tokens-verlx-0-1"]
+    finally:
+        engine.shutdown()
+
+
+def test_a_push_the_model_does_not_load_raises_on_every_name(fake, tmp_path):
+    engine = VLLMRolloutEngine(server_ctx(tmp_path / "model", free_port()))
+    try:
+        renamed = [(name.replace("o_proj", "out_proj"), tensor) for name, tensor in trainer_weights()]
+        with pytest.raises(WeightSyncError, match=r"model.layers.0.self_attn.out_proj.weight.*did not load them"):
+            engine.update_weights(renamed)
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("failure", ["start_error", "port_taken"])
+def test_a_server_that_does_not_come_up_names_its_port_log_and_what_to_check(fake, tmp_path, monkeypatch, failure):
+    port = free_port()
+    holder = socket.socket()
+    if failure == "start_error":
+        monkeypatch.setenv("FAKE_VLLM_START_ERROR", "CUDA out of memory. Tried to allocate 2.00 GiB")
+        expected_in_log = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    else:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        expected_in_log = "address already in use"
+    try:
+        with pytest.raises(ServerStartError) as info:
+            VLLMRolloutEngine(server_ctx(tmp_path / "model", port))
+    finally:
+        holder.close()
+    message = str(info.value)
+    assert f"the vllm server of rollout rank 0 did not come up on http://127.0.0.1:{port}: its process exited with " \
+           "code 1" in message
+    assert f"verlx_vllm_server_rank0_port{port}.log:" in message and expected_in_log in message
+    assert f"Check that port {port} is free" in message and "server.startup_timeout_s" in message
+
+
+def test_a_server_without_its_development_endpoints_is_named(fake, tmp_path, monkeypatch):
+    """Without VLLM_SERVER_DEV_MODE=1 vLLM serves no /collective_rpc (nor /sleep, /abort_requests...): the start
+    stops at the first call to one, saying which and why."""
+    monkeypatch.setitem(SERVER_ENV, "VLLM_SERVER_DEV_MODE", "0")
+    port = free_port()
+    with pytest.raises(RuntimeError, match=r"vllm server http://127.0.0.1:\d+/collective_rpc answered 404: .*; this "
+                                           r"vLLM release's server has no /collective_rpc: .*VLLM_SERVER_DEV_MODE=1"):
+        VLLMRolloutEngine(server_ctx(tmp_path / "model", port))
+    with pytest.raises(urllib.error.URLError):  # and the server was stopped
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)

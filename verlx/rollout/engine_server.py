@@ -1,0 +1,181 @@
+"""What server mode (actor_rollout_ref.rollout.server.enable) does the same for every engine: start the engine's HTTP
+server as a process of its own (its output in a log file, stopped when the worker that started it dies), wait until
+it answers its health check, name the port, the log's last lines and what to check when it does not, send it
+requests (control calls blocking, generation requests as coroutines on the client's own event loop), and stop it.
+
+`EngineServer` is that client; sglang_server.py and vllm_server.py add each engine's endpoints and its server
+process (`python -m <module> '<server arguments as JSON>'`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any, ClassVar
+
+#: seconds between two health checks of a starting server
+HEALTH_POLL_S = 0.5
+#: seconds a control call (sleep, wake, weights, caches) may take
+CONTROL_TIMEOUT_S = 600.0
+LOG_TAIL_LINES = 20
+
+
+class ServerStartError(RuntimeError):
+    """An engine server did not come up: where it was to listen, what its log says and what to check."""
+
+
+def server_port(layout, configured: int | None) -> int:
+    """The replica's port: its engine port block's first (layout.port), or rollout.server.port + its index among
+    the replicas of its node."""
+    if configured is None:
+        return layout.port
+    return int(configured) + layout.node_peer_ranks[0] % layout.n_gpus_per_node // layout.tp_size
+
+
+def server_environment(env: dict[str, str | None]) -> dict[str, str]:
+    """The worker's environment with the engine's variables on top (None: removed), and the directory verlx is
+    imported from first on PYTHONPATH: the server process runs verlx's module, and the engine's own processes may
+    import verlx code (vLLM's worker extension), whatever directory the worker runs in."""
+    import verlx
+
+    merged = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    source = os.path.dirname(os.path.dirname(os.path.abspath(verlx.__file__)))
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in (source, merged.get("PYTHONPATH")) if p)
+    return merged
+
+
+class EngineServer:
+    """A running engine HTTP server."""
+
+    #: the engine's name in messages and log file names
+    engine: ClassVar[str]
+    #: the module whose main() is the server process
+    module: ClassVar[str]
+    #: answers 200 once the server can generate
+    health_path: ClassVar[str]
+
+    @classmethod
+    def launch(cls, server_args: dict[str, Any], env: dict[str, str], timeout_s: float, rank: int,
+               **client_args) -> EngineServer:
+        """Start the server process, wait until it answers its health check, and return its client; on failure the
+        process is stopped and ServerStartError names the port and the log's last lines."""
+        host, port = server_args["host"], int(server_args["port"])
+        log_path = os.path.join(tempfile.gettempdir(), f"verlx_{cls.engine}_server_rank{rank}_port{port}.log")
+        with open(log_path, "w") as log:
+            process = subprocess.Popen([sys.executable, "-m", cls.module, json.dumps(server_args)], stdout=log,
+                                       stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+        server = cls(f"http://{_url_host(host)}:{port}", process, log_path, **client_args)
+        try:
+            server.wait_healthy(timeout_s, rank)
+        except BaseException:
+            server.shutdown()
+            raise
+        return server
+
+    def __init__(self, url: str, process: subprocess.Popen, log_path: str):
+        self.url, self.process, self.log_path = url, process, log_path
+        #: the loop this process's generation requests to the server run on (the request stream steps it)
+        self.loop = asyncio.new_event_loop()
+        self._session = None
+        atexit.register(self.shutdown)
+
+    # ------------------------------------------------------------------ lifecycle
+    def wait_healthy(self, timeout_s: float, rank: int) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise self._start_error(rank, f"its process exited with code {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.url}{self.health_path}", timeout=HEALTH_POLL_S * 4) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(HEALTH_POLL_S)
+        raise self._start_error(rank, f"it did not answer {self.url}{self.health_path} within {timeout_s:g}s")
+
+    def _start_error(self, rank: int, what: str) -> ServerStartError:
+        port = self.url.rsplit(":", 1)[1]
+        return ServerStartError(
+            f"the {self.engine} server of rollout rank {rank} did not come up on {self.url}: {what}. The last lines of "
+            f"its log {self.log_path}:\n{_tail(self.log_path)}\nCheck that port {port} is free (another server or an "
+            f"earlier run may hold it: `lsof -i :{port}`; set actor_rollout_ref.rollout.server.port), that the GPU "
+            "has the memory actor_rollout_ref.rollout.gpu_memory_utilization asks for and the model loads (the log "
+            "above), or give a slow start more time with actor_rollout_ref.rollout.server.startup_timeout_s")
+
+    def shutdown(self) -> None:
+        """Stop the server (the engine stops its own child processes with it) and this client's connections."""
+        if self._session is not None and not self.loop.is_closed():
+            self.loop.run_until_complete(self._session.close())
+            self._session = None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    # ------------------------------------------------------------------ HTTP
+    async def _post_json(self, endpoint: str, payload: dict) -> Any:
+        """A generation request on `loop`: the answer's JSON, or RuntimeError with the status and body."""
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
+            body = await response.text()
+            if response.status != 200:
+                raise RuntimeError(self._refusal(endpoint, response.status, body))
+            return json.loads(body)
+
+    def _call(self, endpoint: str, payload: dict | None = None, method: str = "POST") -> str:
+        """A control call: the answer's body, or RuntimeError with the status and body."""
+        status, body = self._request(endpoint, payload, method)
+        if status != 200:
+            raise RuntimeError(self._refusal(endpoint, status, body))
+        return body
+
+    def _refusal(self, endpoint: str, status: int, body: str) -> str:
+        return f"{self.engine} server {self.url}/{endpoint} answered {status}: {body[:500]}"
+
+    def _request(self, endpoint: str, payload: dict | None, method: str = "POST") -> tuple[int, str]:
+        data = None if payload is None else json.dumps(payload).encode()
+        request = urllib.request.Request(f"{self.url}/{endpoint}", data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=CONTROL_TIMEOUT_S) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+
+def _die_with_parent() -> None:
+    """In the server process before exec: SIGTERM when the worker that started it dies (Linux), so a killed
+    worker leaves no server holding the GPU."""
+    with contextlib.suppress(OSError):  # not Linux: the atexit stop still applies
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()[-LOG_TAIL_LINES:]
+    except OSError as e:
+        return f"    (cannot read it: {e})"
+    return "\n".join(f"    {line}" for line in lines) or "    (empty)"
