@@ -163,8 +163,8 @@ def step_ppo_critic(args, work: str) -> dict:
 def step_tp2pp2(args, work: str) -> dict:
     megatron = [] if args.smoke else ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
                                       "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]
-    cmd = ppo_command(args, work, "tp2pp2", 3, ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true",
-                                                *megatron], gpus=4)
+    cmd = ppo_command(args, work, "tp2pp2", 3,
+                      ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true", *megatron], gpus=4)
     rc, _ = run(cmd, os.path.join(work, "tp2pp2.log"), TIMEOUT_S["tp2pp2"])
     rows = metrics(work, "tp2pp2")
     return {"ok": rc == 0 and [r["step"] for r in rows] == [1, 2, 3], "rc": rc, "rows": rows,
@@ -182,7 +182,10 @@ def save_results(args, work: str, results: dict) -> None:
     if not os.environ.get("OUT"):
         return
     path = os.path.join(os.environ["OUT"], "megatron_gpu.json")
-    earlier = json.load(open(path))["steps"] if os.path.exists(path) else {}
+    earlier = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            earlier = json.load(f)["steps"]
     with open(path, "w") as f:
         json.dump({"args": vars(args), "work": work, "steps": {**earlier, **results}}, f, indent=1, default=str)
 

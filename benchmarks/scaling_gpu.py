@@ -29,7 +29,8 @@ from grpo_step_gpu import prepare_inputs, read_rows, verlx_overrides  # noqa: E4
 
 SHOWN = {"step s": "timing_s/step", "gen s": "timing_s/gen", "update s": "timing_s/update_actor",
          "tokens/s/GPU": "perf/throughput", "awake GB (max)": "perf/device_memory_used_gb/gen",
-         "awake spread": "perf/device_memory_imbalance/gen", "after update GB (max)": "perf/device_memory_used_gb/actor",
+         "awake spread": "perf/device_memory_imbalance/gen",
+         "after update GB (max)": "perf/device_memory_used_gb/actor",
          "after update spread": "perf/device_memory_imbalance/actor", "peak alloc GB": "perf/max_memory_allocated_gb"}
 
 
@@ -95,7 +96,10 @@ def main(argv=None) -> int:
         prepare_inputs(work, args.shape)
     model_dir, data_dir = os.path.join(work, "model"), os.path.join(work, "data")
     path = os.path.join(os.environ.get("OUT") or work, f"scaling_{args.engine}_{args.shape}.json")
-    earlier = json.load(open(path))["runs"] if os.path.exists(path) else []  # an earlier call's layouts
+    earlier = []  # an earlier call's layouts
+    if os.path.exists(path):
+        with open(path) as f:
+            earlier = json.load(f)["runs"]
     results = []
     for gpus, tp in args.layouts:
         results.append(run_layout(args, gpus, tp, model_dir, data_dir, work))

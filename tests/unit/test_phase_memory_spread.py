@@ -31,7 +31,10 @@ def _rank(rank: int, init_file: str, out_dir: str) -> None:
 def test_largest_footprint_and_spread_agreed_over_the_ranks():
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank, args=(os.path.join(tmp, "init"), tmp), nprocs=len(USED_BY_RANK))
-        reported = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(len(USED_BY_RANK))]
+        reported = []
+        for r in range(len(USED_BY_RANK)):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                reported.append(json.load(f))
     expected = {USED_PREFIX + "gen": 10.0, IMBALANCE_PREFIX + "gen": pytest.approx(0.2)}
     assert reported == [expected, expected]
 
