@@ -272,6 +272,10 @@ def test_under_ulysses_the_derived_budget_counts_the_tokens_one_gpu_holds():
     assert ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 21248 per GPU (micro-batches of 42496 tokens "
             "over 2 GPUs)") in text
     assert "for micro-batches of 5120 tokens per GPU" in text and "activations 0.99 MiB/token" in text
+    # the critic's target follows the critic's own Ulysses size
+    gae = grpo_config("actor_rollout_ref.actor.ppo_mini_batch_size=8", "algorithm.adv_estimator=gae",
+                      "critic.ppo_mini_batch_size=8", "critic.ulysses_sequence_parallel_size=2", *SP2)
+    assert auto_settings.critic_choices(gae, dp=1).target_tokens == 5_120
 
 
 def test_under_ulysses_a_derived_budget_must_hold_the_longest_sequence_times_the_group():
