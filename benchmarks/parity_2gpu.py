@@ -14,7 +14,9 @@ model's own, is scored three ways:
   fsdp2  data parallel: each rank half the batch (the dispatcher's contiguous chunks), FSDP2 over both ranks;
          the loss is the trainer's token mean over the global batch (global_counts), gradients reduce-scattered.
   sp2    Ulysses: both ranks the whole batch, each sequence split between them (sequence_parallel_group), FSDP2
-         over both ranks with the gradient divisor of the dp size (1), as the worker sets it.
+         over both ranks with the gradient divisor of the dp size (1), as the worker sets it; the actor's config
+         says ulysses_sequence_parallel_size=2 with half the token budget (veRL's per-GPU unit), so its
+         micro-batches are the 1gpu run's.
 For each: log-probs from PPOActor.compute_log_prob (gathered over ranks), then PPOActor.update_policy on the batch
 as one mini-batch of token-budget micro-batches: actor/pg_loss and actor/grad_norm (after the reduction, before
 clipping). Tolerances: fp32 (CPU) 1e-5 on everything; bf16 (GPU) |Δloss| ≤ 1e-2 (the loss is O(1)), mean |Δ
@@ -27,6 +29,7 @@ and log-probs by O(1). Prints a table; writes $OUT/parity_2gpu.json when OUT is 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -115,10 +118,9 @@ def build_actor(path: str, kind: str, device: torch.device, mesh=None, sp_group=
     return PPOActor(cfg, engine)
 
 
-def score(actor, data: DataProto, mini_batch: int, kind: str) -> tuple[torch.Tensor, dict]:
+def score(actor, data: DataProto, mini_batch: int) -> tuple[torch.Tensor, dict]:
     """Log-probs (this rank's rows) before the update, then the update's metrics."""
-    max_tokens = BATCH[kind]["max_tokens"]
-    log_probs, _ = actor.compute_log_prob(data, None, True, max_tokens)
+    log_probs, _ = actor.compute_log_prob(data, None, True, actor.config.ppo_max_token_len_per_gpu)
     metrics = actor.update_policy(data, mini_batch, None)
     return log_probs.float().cpu(), metrics
 
@@ -191,7 +193,7 @@ def main() -> int:
     start = time.perf_counter()
     actor = build_actor(path, kind, device)
     shard = data.chunk(world)[rank]
-    log_probs, metrics = score(actor, shard, rows // world, kind)
+    log_probs, metrics = score(actor, shard, rows // world)
     results["fsdp2"] = {"log_probs": gather_rows(log_probs, device), "pg_loss": metrics["actor/pg_loss"],
                         "grad_norm": metrics["actor/grad_norm"]}
     timings["fsdp2"] = time.perf_counter() - start
@@ -200,8 +202,10 @@ def main() -> int:
     check_ulysses(actor.engine.module.config, world, world)
     del actor
     sp_group, _, dp_size = sequence_parallel_group(world)
-    actor = build_actor(path, kind, device, sp_group=sp_group, dp_size=dp_size)
-    log_probs, metrics = score(actor, data, rows, kind)
+    sp_cfg = dataclasses.replace(actor_config(kind), ulysses_sequence_parallel_size=world,
+                                 ppo_max_token_len_per_gpu=BATCH[kind]["max_tokens"] // world)
+    actor = build_actor(path, kind, device, sp_group=sp_group, dp_size=dp_size, cfg=sp_cfg)
+    log_probs, metrics = score(actor, data, rows)
     both = gather_rows(log_probs[None], device)
     results["sp2"] = {"log_probs": both[0], "pg_loss": metrics["actor/pg_loss"],
                       "grad_norm": metrics["actor/grad_norm"], "ranks_agree": bool(torch.equal(both[0], both[1]))}

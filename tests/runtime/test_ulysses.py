@@ -1,5 +1,6 @@
 """Ulysses sequence parallelism on 2 gloo processes: SP=2 gives the log-probs, entropy, exact KL, values and
-(summed over the SP group) parameter gradients of the unsplit packed model, in fp32."""
+(summed over the SP group) parameter gradients of the unsplit packed model, in fp32; the actor's and critic's
+token budgets count the tokens one GPU holds (veRL's *_max_token_len_per_gpu), a micro-batch budget × 2."""
 
 from __future__ import annotations
 
@@ -125,6 +126,66 @@ def _value_case(group) -> None:
     _compare(results[0][1], results[1][1])
 
 
+def _recording_engine(module):
+    """The FSDP engine (forward passes on a plain module), noting the real lengths of each micro-batch it gets."""
+    from verlx.workers.fsdp.engine import FSDPEngine
+
+    class Recording(FSDPEngine):
+        def forward(self, parts, head):
+            self.seen = [p.batch["attention_mask"].sum(-1).tolist() for p in parts]
+            return super().forward(parts, head)
+
+    return Recording("model", module)
+
+
+def _budget_case(group) -> None:
+    """Rows of 11, 3, 7 and 2 tokens. A per-GPU budget of 12: one micro-batch of all 23 tokens for the SP pair
+    (24 fit), two (11 | 3+7+2) on one GPU. A budget of 8, short of the 11-token row on one GPU, is enough for the pair
+    (11 | 12 ≤ 16). Log-probs and values equal the unsplit model's either way."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    from verlx.config.roles import ActorConfig, CriticConfig
+    from verlx.models.policy import PolicyModel, ValueModel
+    from verlx.protocol import DataProto
+    from verlx.workers.actor import PPOActor
+    from verlx.workers.critic import PPOCritic
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(_config(2)).float()
+    decoder = AutoModel.from_config(_config(2)).float()
+    ids, mask, pos, resp = _batch()
+    data = DataProto({"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -resp:],
+                      "response_mask": mask[:, -resp:]}, meta_info={"temperature": 0.9})
+
+    def actor(sp: int, budget: int) -> PPOActor:
+        policy = PolicyModel(copy.deepcopy(hf), packed=True, sp_group=group if sp > 1 else None)
+        cfg = ActorConfig(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget, ulysses_sequence_parallel_size=sp)
+        return PPOActor(cfg, _recording_engine(policy))
+
+    def critic(sp: int, budget: int) -> PPOCritic:
+        model = ValueModel(copy.deepcopy(decoder), 32, packed=True, sp_group=group if sp > 1 else None)
+        torch.nn.init.normal_(model.value_head.weight, generator=torch.Generator().manual_seed(3), std=0.1)
+        cfg = CriticConfig(use_dynamic_bsz=True, forward_max_token_len_per_gpu=budget,
+                           ulysses_sequence_parallel_size=sp)
+        return PPOCritic(cfg, _recording_engine(model))
+
+    one = actor(1, 12)
+    want, _ = one.compute_log_prob(data, None, True, 12)
+    assert one.engine.seen == [[11], [3, 7, 2]]
+    with pytest.raises(ValueError, match="log_prob_max_token_len_per_gpu=8 is smaller than the longest sequence"):
+        one.compute_log_prob(data, None, True, 8)
+    for budget, seen in ((12, [[11, 3, 7, 2]]), (8, [[11], [3, 7, 2]])):
+        pair = actor(2, budget)
+        got, _ = pair.compute_log_prob(data, None, True, budget)
+        assert pair.engine.seen == seen, budget
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+    single = critic(1, 16)
+    want = single.compute_values(data, None)
+    pair = critic(2, 8)
+    torch.testing.assert_close(pair.compute_values(data, None), want, rtol=0, atol=2e-6)
+    assert single.engine.seen == pair.engine.seen == [[11], [3, 7, 2]]
+
+
 def _worker(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -135,6 +196,7 @@ def _worker(rank: int, world: int, port: int) -> None:
         _policy_case(kv_heads=1, group=group)  # 1 KV head replicated onto both ranks
         _full_kl_case(group)
         _value_case(group)
+        _budget_case(group)
     finally:
         dist.destroy_process_group()
 

@@ -83,19 +83,44 @@ def test_token_budget_below_the_longest_sequence_is_an_error():
     assert "log_prob_max_token_len_per_gpu" not in text
 
 
-def test_a_verl_per_gpu_budget_under_ulysses_is_named_as_such():
-    """veRL's DAPO NPU scripts set ppo_max_token_len_per_gpu = (prompt + response) / ulysses size: veRL's per-GPU
-    share, which verlx (reading the whole micro-batch) refuses naming the difference."""
-    text = _problems(_cfg(**{"actor_rollout_ref.actor.use_dynamic_bsz": "true",
-                             "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
-                             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 768}))
-    assert ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=768: verlx does not support per-GPU token budgets "
-            "under Ulysses yet: veRL reads it as each GPU's share of a micro-batch (768 × "
-            "ulysses_sequence_parallel_size=2 = 1536 tokens)") in text
-    short = _problems(_cfg(**{"actor_rollout_ref.actor.use_dynamic_bsz": "true",
-                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
-                              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 700}))
-    assert "ppo_max_token_len_per_gpu=700 is smaller than the longest possible sequence" in short  # short for veRL too
+# veRL's per-GPU budgets under Ulysses: 2048 + 20480 = 22528-token sequences, 11264 tokens on each of 2 GPUs, for
+# every dynamic-batch budget (actor, old and reference log-probs, critic update and values)
+VERL_SP2 = {"data.max_prompt_length": 2048, "data.max_response_length": 20480, "algorithm.adv_estimator": "gae",
+            "actor_rollout_ref.actor.use_kl_loss": "true", "actor_rollout_ref.actor.use_dynamic_bsz": "true",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2, "critic.ulysses_sequence_parallel_size": 2,
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 11264,
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 11264,
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 11264,
+            "critic.ppo_max_token_len_per_gpu": 11264, "critic.forward_max_token_len_per_gpu": 11264}
+BUDGET_KEYS = ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+               "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
+               "critic.forward_max_token_len_per_gpu")
+
+
+def test_verls_per_gpu_budgets_under_ulysses_are_accepted():
+    """A budget × the Ulysses size holds the longest sequence: veRL runs it, so does verlx (each GPU holds at most
+    11264 tokens of a 22528-token micro-batch)."""
+    validate(_cfg(**VERL_SP2), check_files=False)
+
+
+@pytest.mark.parametrize("key", BUDGET_KEYS)
+def test_a_budget_times_the_ulysses_size_below_the_longest_sequence_is_refused(key):
+    text = _problems(_cfg(**{**VERL_SP2, key: 11263}))
+    assert (f"{key}=11263 lets a micro-batch hold 11263 × 2 = 22526 tokens (veRL's per-GPU budget: each of the 2 "
+            "GPUs of the sequence-parallel group holds up to 11263 of them), fewer than the longest possible "
+            "sequence, data.max_prompt_length + data.max_response_length = 2048 + 20480 = 22528 tokens; a "
+            "micro-batch must hold at least one sequence, so raise it to at least 11264") in text
+    assert sum(k in text for k in BUDGET_KEYS) == 1  # only the short one
+
+
+def test_the_critics_budgets_scale_with_the_critics_ulysses_size():
+    text = _problems(_cfg(**{**VERL_SP2, "critic.ulysses_sequence_parallel_size": 1}))
+    assert ("critic.ppo_max_token_len_per_gpu=11264 is smaller than the longest possible sequence, "
+            "data.max_prompt_length + data.max_response_length = 2048 + 20480 = 22528 tokens; a micro-batch must "
+            "hold at least one sequence, so raise it to at least 22528") in text
+    assert "critic.forward_max_token_len_per_gpu=11264 is smaller" in text
+    assert "actor_rollout_ref" not in text
 
 
 def test_token_budget_is_ignored_without_dynamic_batches_and_checked_for_the_critic():

@@ -247,3 +247,66 @@ def test_the_actor_leaves_the_critic_budgets_to_the_critic():
     with_ref = auto_settings.actor_choices(grpo_config("actor_rollout_ref.actor.use_kl_loss=true"), dp=1)
     assert with_ref.forward_budget_keys == ["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
                                             "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"]
+
+
+# Ulysses: budgets are per GPU (veRL's unit); a micro-batch of an SP=2 group holds twice the budget
+SP2 = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2")
+STATIC_05B_2_SHARDS = 16 * 247_016_384  # fp32 weights, gradients and Adam of 494,032,768 parameters over 2 GPUs
+
+
+def test_under_ulysses_the_derived_budget_counts_the_tokens_one_gpu_holds():
+    cfg = grpo_config("actor_rollout_ref.actor.ppo_mini_batch_size=8", *SP2)
+    choices = auto_settings.actor_choices(cfg, dp=1)
+    # 8 prompts × 4 samples × 320 tokens = 10,240 tokens per mini-batch, 5,120 on each GPU of the SP group
+    assert choices.target_tokens == 5_120
+    decision = auto_settings.plan_role(cfg, "actor", shape(QWEN_05B), GPU_32, 2, choices)
+    # (29,850,022,707 − 3,952,262,144 − 1,238,208,256 − 2,489,319,424) / 1,033,304 B per token on this GPU
+    # = 21,455.7 → 21,248 (× 256); the whole-micro-batch reading would have been twice that, capped at 32,768
+    assert (29_850_022_707 - STATIC_05B_2_SHARDS - FSDP_05B - LOGITS_05B) // 1_033_304 == 21_455
+    assert decision.update_budget == 21_248
+    # the same GPU and state without Ulysses (2 data-parallel ranks) gets the same per-GPU budget
+    plain = grpo_config("actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=2")
+    assert auto_settings.plan_role(plain, "actor", shape(QWEN_05B), GPU_32, 2,
+                                   auto_settings.actor_choices(plain, dp=2)).update_budget == 21_248
+    text = "; ".join(decision.notes)
+    assert ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 21248 per GPU (micro-batches of 42496 tokens "
+            "over 2 GPUs)") in text
+    assert "for micro-batches of 5120 tokens per GPU" in text and "activations 0.99 MiB/token" in text
+    # the critic's target follows the critic's own Ulysses size
+    gae = grpo_config("actor_rollout_ref.actor.ppo_mini_batch_size=8", "algorithm.adv_estimator=gae",
+                      "critic.ppo_mini_batch_size=8", "critic.ulysses_sequence_parallel_size=2", *SP2)
+    assert auto_settings.critic_choices(gae, dp=1).target_tokens == 5_120
+
+
+def test_under_ulysses_a_derived_budget_must_hold_the_longest_sequence_times_the_group():
+    # checkpointing off by the user: 21,248 tokens per GPU; 33,280-token sequences fit 2 × 21,248 = 42,496
+    long = ("data.max_response_length=33216", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=2")
+    cfg = grpo_config(*long, SP2[0])
+    decision = auto_settings.plan_role(cfg, "actor", shape(QWEN_05B), GPU_32, 2, auto_settings.actor_choices(cfg, 1))
+    assert decision.update_budget == 21_248
+    with pytest.raises(MemoryPlanError, match="ppo_max_token_len_per_gpu auto → 21248 tokens from the GPU's free "):
+        plain = grpo_config(*long)
+        auto_settings.plan_role(plain, "actor", shape(QWEN_05B), GPU_32, 2, auto_settings.actor_choices(plain, 2))
+    # 49,216-token sequences do not fit 42,496
+    cfg = grpo_config(*long, SP2[0], "data.max_response_length=49152")
+    with pytest.raises(MemoryPlanError) as info:
+        auto_settings.plan_role(cfg, "actor", shape(QWEN_05B), GPU_32, 2, auto_settings.actor_choices(cfg, 1))
+    assert ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 21248 tokens per GPU (micro-batches of 42496 "
+            "tokens over 2 GPUs) from the GPU's free memory with gradient checkpointing off, smaller than the longest "
+            "sequence, data.max_prompt_length + data.max_response_length = 49216 tokens") in str(info.value)
+
+
+def test_the_cpu_constant_is_per_gpu_under_ulysses(tmp_path):
+    resolved, notes = auto_settings.resolve_actor_settings(grpo_config(*SP2), Qwen2Config(**QWEN_05B), str(tmp_path),
+                                                           torch.device("cpu"), world_size=2)
+    assert resolved.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 16_384
+    assert ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu, "
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu auto → 16384 per GPU (micro-batches of 32768 "
+            "tokens over 2 GPUs) (CPU run: a fixed budget, no memory estimate)") in notes
+    # 40,000-token sequences: 20,000 per GPU is enough for the pair (the whole-micro-batch reading needed 40,000)
+    resolved, _ = auto_settings.resolve_actor_settings(grpo_config(*SP2, "data.max_response_length=39936"),
+                                                       Qwen2Config(**QWEN_05B), str(tmp_path), torch.device("cpu"),
+                                                       world_size=2)
+    assert resolved.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 20_000
+    assert resolved.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 20_000

@@ -19,7 +19,14 @@ from verlx.config.run import RESUME_MODES
 from verlx.config.schema import PPOConfig
 from verlx.models.weight_files import model_dir_problems
 from verlx.trainer.learning_checks import check_learning
-from verlx.utils.batch_sizes import dynamic_batches, per_gpu_micro_batch_size, ppo_batch_sizes
+from verlx.utils.batch_sizes import (
+    budget_too_small,
+    dynamic_batches,
+    micro_batch_token_limit,
+    per_gpu_micro_batch_size,
+    ppo_batch_sizes,
+    sequence_split_size,
+)
 from verlx.utils.paths import expand_path
 
 logger = logging.getLogger(__name__)
@@ -313,7 +320,9 @@ def check_sequence_parallel(cfg: PPOConfig, f: Findings, world_size: int) -> Non
 
 
 def check_token_budgets(cfg: PPOConfig, f: Findings) -> None:
-    """Every token budget of a dynamic-batch phase must hold the longest sequence the data and rollout allow.
+    """Every token budget of a dynamic-batch phase must let a micro-batch hold the longest sequence the data and
+    rollout allow. The budgets are per GPU, as in veRL: under sequence parallelism a micro-batch holds budget × the
+    group's size tokens (utils.batch_sizes.sequence_split_size; the reference's runs on the actor's workers).
 
     An error, not a warning: a prompt of max_prompt_length with a response cut at max_response_length is an
     ordinary event in RL, so the run would fail at the first such sample, hours in, with the same message. A null
@@ -324,21 +333,12 @@ def check_token_budgets(cfg: PPOConfig, f: Findings) -> None:
     data = cfg.data
     longest = data.max_prompt_length + data.max_response_length
     for key, budget, dynamic in dynamic_phases(cfg):
-        if not dynamic or budget is None or budget >= longest:
+        split = sequence_split_size(cfg.critic if key.startswith("critic.") else cfg.actor_rollout_ref.actor)
+        if not dynamic or budget is None or micro_batch_token_limit(budget, split) >= longest:
             continue
-        sp = (cfg.critic if key.startswith("critic.") else cfg.actor_rollout_ref.actor).ulysses_sequence_parallel_size
-        if budget * sp >= longest:  # veRL's reading: each GPU's share of a micro-batch split over the Ulysses group
-            f.problems.append(
-                f"{key}={budget}: verlx does not support per-GPU token budgets under Ulysses yet: veRL reads it as "
-                f"each GPU's share of a micro-batch ({budget} × ulysses_sequence_parallel_size={sp} = {budget * sp} "
-                f"tokens), verlx as the whole micro-batch's, which must hold the longest possible sequence "
-                f"({longest} tokens); set it to at least {longest}")
-            continue
-        f.problems.append(
-            f"{key}={budget} is smaller than the longest possible sequence, data.max_prompt_length + "
-            f"data.max_response_length = {data.max_prompt_length} + {data.max_response_length} = {longest} tokens; "
-            f"a micro-batch must hold at least one sequence, so raise it to at least {longest}",
-        )
+        f.problems.append(budget_too_small(
+            key, budget, split, longest, f"the longest possible sequence, data.max_prompt_length + "
+            f"data.max_response_length = {data.max_prompt_length} + {data.max_response_length} = {longest} tokens"))
 
 
 def check_paths(cfg: PPOConfig, f: Findings) -> None:

@@ -41,3 +41,30 @@ def dynamic_batches(use_dynamic_bsz: bool | None, micro_batch_size: int | None) 
     """Whether a phase builds token-budget micro-batches: `use_dynamic_bsz` when set; unset (null), token budgets
     unless a micro-batch size is given (a veRL command line that sets one keeps its fixed micro-batches)."""
     return micro_batch_size is None if use_dynamic_bsz is None else use_dynamic_bsz
+
+
+def sequence_split_size(role) -> int:
+    """The GPUs that split each micro-batch's sequences for `role` (an actor, reference or critic config): its
+    Ulysses size (fsdp), its context-parallel size (megatron). veRL's `*_max_token_len_per_gpu` budgets count the
+    tokens one of them holds, so a token-budget micro-batch holds up to budget × this many tokens."""
+    if role.strategy == "megatron":
+        return role.megatron.context_parallel_size
+    return role.ulysses_sequence_parallel_size
+
+
+def micro_batch_token_limit(budget_per_gpu: int, split: int) -> int:
+    """Tokens one token-budget micro-batch may hold: veRL's per-GPU budget × the GPUs that split it."""
+    return budget_per_gpu * split
+
+
+def budget_too_small(key: str, budget: int, split: int, longest: int, what: str) -> str:
+    """The error for a per-GPU token budget `key`=`budget` whose micro-batches (budget × `split` tokens) cannot hold
+    `what`, a sequence of `longest` tokens."""
+    least = -(-longest // split)
+    if split == 1:
+        return (f"{key}={budget} is smaller than {what}; a micro-batch must hold at least one sequence, so raise it "
+                f"to at least {least}")
+    return (f"{key}={budget} lets a micro-batch hold {budget} × {split} = {micro_batch_token_limit(budget, split)} "
+            f"tokens (veRL's per-GPU budget: each of the {split} GPUs of the sequence-parallel group holds up to "
+            f"{budget} of them), fewer than {what}; a micro-batch must hold at least one sequence, so raise it to at "
+            f"least {least}")

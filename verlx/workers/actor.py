@@ -11,6 +11,7 @@ from verlx.algorithms.policy_losses import select_policy_loss
 from verlx.batch_columns import MODEL_INPUTS
 from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
+from verlx.utils.batch_sizes import sequence_split_size
 from verlx.workers.engine import Head, TrainingEngine
 from verlx.workers.micro_batching import micro_batches, ppo_mini_batches, restore_order
 
@@ -72,9 +73,10 @@ class PPOActor:
         self, data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int,
         calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """{"log_prob"} [B, R], plus "entropy" and "sum_pi_squared" (sum_v pi_v^2) when asked, in data's order."""
+        """{"log_prob"} [B, R], plus "entropy" and "sum_pi_squared" (sum_v pi_v^2) when asked, in data's order;
+        `max_token_len` is the per-GPU budget (veRL's: × the sequence-parallel size per micro-batch)."""
         parts, order = micro_batches(data, micro_batch_size, use_dynamic_bsz, max_token_len,
-                                     key="log_prob_max_token_len_per_gpu")
+                                     key="log_prob_max_token_len_per_gpu", split=sequence_split_size(self.config))
         head = self._head(data.meta_info.get("temperature", 1.0), calculate_entropy,
                           sum_pi_squared=calculate_sum_pi_squared)
         names = ["log_prob", *(["entropy"] if calculate_entropy else []),

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from verlx.utils.batch_sizes import dynamic_batches, per_gpu_micro_batch_size
+from verlx.utils.batch_sizes import dynamic_batches, per_gpu_micro_batch_size, sequence_split_size
 from verlx.utils.memory_estimate import ModelShape, ModelState, dtype_bytes
 from verlx.utils.paths import expand_path
 from verlx.workers.memory_plan import (
@@ -31,6 +31,7 @@ from verlx.workers.memory_plan import (
     check_fits_at_all,
     decide,
     gpu_memory,
+    micro_batch_note,
     resident_bytes,
 )
 
@@ -80,14 +81,16 @@ def dynamic_phases(cfg) -> list[tuple[str, int | None, bool]]:
     return phases
 
 
-def _target_tokens(dynamic: bool, budget: int | None, micro: int | None, mini_samples: int, longest: int) -> int:
-    """The micro-batch the checkpointing decision must fit: the user's budget, a fixed micro-batch of longest
-    sequences, or EFFICIENT_MICRO_BATCH_TOKENS (no more than a whole mini-batch, no less than one sequence)."""
+def _target_tokens(dynamic: bool, budget: int | None, micro: int | None, mini_samples: int, longest: int,
+                   sp: int) -> int:
+    """Tokens per GPU of the micro-batch the checkpointing decision must fit (each of the `sp` GPUs of a Ulysses
+    group holds 1/sp of it): the user's per-GPU budget, a fixed micro-batch of longest sequences, or
+    EFFICIENT_MICRO_BATCH_TOKENS (no more than a whole mini-batch, no less than one sequence)."""
     if not dynamic:
-        return (micro or 1) * longest
+        return -(-(micro or 1) * longest // sp)
     if budget is not None:
         return budget
-    return max(longest, min(EFFICIENT_MICRO_BATCH_TOKENS, mini_samples * longest))
+    return max(-(-longest // sp), min(EFFICIENT_MICRO_BATCH_TOKENS, -(-mini_samples * longest // sp)))
 
 
 # ---------------------------------------------------------------------------------------------- model sizes
@@ -166,7 +169,8 @@ def actor_choices(cfg, dp: int) -> RoleChoices:
         else None,
         forward_budget_keys=open_forward,
         target_tokens=_target_tokens(dynamic, a.ppo_max_token_len_per_gpu, micro,
-                                     a.ppo_mini_batch_size * arr.rollout.n // dp, longest_sequence(cfg)))
+                                     a.ppo_mini_batch_size * arr.rollout.n // dp, longest_sequence(cfg),
+                                     sequence_split_size(a)))
 
 
 def critic_choices(cfg, dp: int) -> RoleChoices:
@@ -181,7 +185,7 @@ def critic_choices(cfg, dp: int) -> RoleChoices:
         forward_budget_keys=forward,
         target_tokens=_target_tokens(dynamic, c.ppo_max_token_len_per_gpu, micro,
                                      c.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp,
-                                     longest_sequence(cfg)))
+                                     longest_sequence(cfg), sequence_split_size(c)))
 
 
 def plan_role(cfg, name: str, shape: ModelShape, memory: GpuMemory, world_size: int,
@@ -191,22 +195,24 @@ def plan_role(cfg, name: str, shape: ModelShape, memory: GpuMemory, world_size: 
     role = cfg.actor_rollout_ref.actor if name == "actor" else cfg.critic
     tenants = gpu_tenants(cfg, parameter_counts(cfg, name, shape), world_size)
     work = Workload(name, shape, role.use_torch_compile, role.logprob_chunk_size if name == "actor" else 0,
-                    role.ulysses_sequence_parallel_size, longest_sequence(cfg))
+                    sequence_split_size(role), longest_sequence(cfg))
     check_fits_at_all(work, tenants[name], memory, choices.key)
     forward_models = [m for m in (name, "ref" if name == "actor" else None) if m in tenants]
     static_forward = max(resident_bytes(tenants, m, updating=False) for m in forward_models)
     return decide(work, choices, memory, resident_bytes(tenants, name, updating=True), static_forward)
 
 
-def constant_decision(choices: RoleChoices, longest: int, checkpointing: bool, why: str) -> Decision:
-    """Without a memory estimate (CPU, megatron): CPU_TOKEN_BUDGET (or the longest sequence when longer)."""
-    budget = max(CPU_TOKEN_BUDGET, longest)
+def constant_decision(choices: RoleChoices, longest: int, sp: int, checkpointing: bool, why: str) -> Decision:
+    """Without a memory estimate (CPU, megatron): CPU_TOKEN_BUDGET per GPU, or more when a micro-batch of the `sp`
+    GPUs that split it (budget × sp tokens) would not hold the longest sequence."""
+    budget = max(CPU_TOKEN_BUDGET, -(-longest // sp))
     decision = Decision(checkpointing if choices.checkpointing is None else choices.checkpointing)
     keys = [k for k in (choices.update_budget_key, *choices.forward_budget_keys) if k]
     if keys:
         decision.update_budget = budget if choices.update_budget_key else None
         decision.forward_budget = budget if choices.forward_budget_keys else None
-        decision.notes.append(f"{', '.join(keys)} auto → {budget} ({why}: a fixed budget, no memory estimate)")
+        decision.notes.append(f"{', '.join(keys)} auto → {budget}{micro_batch_note(budget, sp)} ({why}: a fixed "
+                              "budget, no memory estimate)")
     if choices.checkpointing is None:
         decision.notes.append(f"gradient checkpointing auto → {'on' if checkpointing else 'off'} ({why})")
     return decision
@@ -223,15 +229,15 @@ def agreed_memory(memory: GpuMemory) -> GpuMemory:
 
 def decide_on_device(cfg, name: str, hf_config, model_path: str, device: torch.device, world_size: int,
                      choices: RoleChoices, asleep_engine: int = 0) -> Decision:
-    strategy = (cfg.actor_rollout_ref.actor if name == "actor" else cfg.critic).strategy
+    role = cfg.actor_rollout_ref.actor if name == "actor" else cfg.critic
     memory = gpu_memory(device, asleep_engine)
-    longest = longest_sequence(cfg)
+    longest, sp = longest_sequence(cfg), sequence_split_size(role)
     if memory is None:
-        return constant_decision(choices, longest, False, "CPU run")
-    if strategy not in FSDP_STRATEGIES:
-        return constant_decision(choices, longest, True, f"strategy {strategy}")
+        return constant_decision(choices, longest, sp, False, "CPU run")
+    if role.strategy not in FSDP_STRATEGIES:
+        return constant_decision(choices, longest, sp, True, f"strategy {role.strategy}")
     if (why := unestimated(hf_config)) is not None:
-        return constant_decision(choices, longest, True, f"no memory estimate for {why}")
+        return constant_decision(choices, longest, sp, True, f"no memory estimate for {why}")
     shape = model_shape(hf_config, model_path)
     return plan_role(cfg, name, shape, agreed_memory(memory), world_size, choices)
 

@@ -8,6 +8,7 @@ from verlx.algorithms.core import compute_value_loss
 from verlx.batch_columns import MODEL_INPUTS
 from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
+from verlx.utils.batch_sizes import sequence_split_size
 from verlx.workers.actor import collect
 from verlx.workers.engine import Head, TrainingEngine
 from verlx.workers.micro_batching import micro_batches, ppo_mini_batches
@@ -28,7 +29,7 @@ class PPOCritic:
     def compute_values(self, data: DataProto, micro_batch_size: int | None) -> torch.Tensor:
         cfg = self.config
         parts, order = micro_batches(data, micro_batch_size, cfg.use_dynamic_bsz, cfg.forward_max_token_len_per_gpu,
-                                     key="critic.forward_max_token_len_per_gpu")
+                                     key="critic.forward_max_token_len_per_gpu", split=sequence_split_size(cfg))
         outputs = self.engine.forward(parts, VALUES)
         if outputs is None:  # a rank that returns nothing; the shape keeps DataProto consistent
             return torch.zeros(data.batch["responses"].shape)

@@ -6,6 +6,9 @@
   budget whose estimated peak fits in SAFETY × the GPU's memory, less what other processes and the sleeping rollout
   engine hold and what every model of this GPU keeps resident in that phase (offload settings respected), capped at
   MAX_UPDATE_TOKENS (training) or MAX_FORWARD_TOKENS (log-probs, values) and rounded down to a multiple of ROUND_TO.
+  Budgets count the tokens one GPU holds, in veRL's unit: under Ulysses a micro-batch holds budget × the Ulysses size
+  tokens, each GPU of the group a slice of about budget tokens (utils.batch_sizes.sequence_split_size), so the
+  estimate is per GPU and the longest sequence must fit budget × that size.
 - `enable_gradient_checkpointing` null: off when a micro-batch of the target size (the budget the user set, the
   fixed micro-batch × the longest sequence, or EFFICIENT_MICRO_BATCH_TOKENS) fits without it; on otherwise.
 
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verlx.utils.batch_sizes import micro_batch_token_limit
 from verlx.utils.errors import InputError
 from verlx.utils.memory_estimate import (
     GIB,
@@ -42,7 +46,7 @@ from verlx.utils.memory_estimate import (
 logger = logging.getLogger(__name__)
 
 SAFETY = 0.9  # of the GPU's memory the estimate may plan for: fragmentation, workspaces and kernels get the rest
-EFFICIENT_MICRO_BATCH_TOKENS = 16384  # beyond this a micro-batch is barely faster per token on an H100
+EFFICIENT_MICRO_BATCH_TOKENS = 16384  # beyond this a GPU's share of a micro-batch is barely faster per token on an H100
 # beyond ~10-16k tokens a micro-batch's update is no faster per token on an H100 (docs/benchmarks.md: 1.5B at 13,824
 # tokens 38.6% MFU, at 9,216 39.3%); the caps keep the rest of the memory in reserve for errors of the estimate
 MAX_UPDATE_TOKENS = 32768
@@ -124,7 +128,8 @@ def resident_bytes(tenants: dict[str, Tenant], active: str, updating: bool) -> i
 @dataclass(frozen=True)
 class Workload:
     """One model's micro-batches on this GPU: its shape, whether its layers are compiled, its log-prob chunk (0:
-    a value head, no vocabulary), the Ulysses size that splits each micro-batch, and the longest sequence."""
+    a value head, no vocabulary), the Ulysses size that splits each micro-batch, and the longest sequence. Token
+    counts are per GPU (a micro-batch holds `sp` times as many), the unit of the budgets."""
 
     name: str
     shape: ModelShape
@@ -137,20 +142,25 @@ class Workload:
         return training_activation_bytes(self.shape, checkpointing, self.compiled)
 
     def update_peak(self, static: int, tokens: int, checkpointing: bool) -> int:
-        """Estimated peak of an update whose micro-batches hold `tokens` tokens, `static` bytes being resident."""
+        """Estimated peak of an update whose micro-batches put `tokens` tokens on this GPU, `static` bytes being
+        resident."""
         logits = logits_chunk_bytes(self.shape, min(self.chunk, tokens), self.compiled, training=True)
-        activations = -(-tokens * self.activation_bytes(checkpointing) // self.sp)
-        return static + fsdp_working_bytes(self.shape, training=True) + logits + activations
+        return static + fsdp_working_bytes(self.shape, training=True) + logits + tokens * self.activation_bytes(
+            checkpointing)
+
+    def longest_share(self) -> int:
+        """Tokens of one longest sequence on each GPU of its Ulysses group."""
+        return -(-self.longest // self.sp)
 
     def update_budget(self, static: int, memory: GpuMemory, checkpointing: bool) -> int:
         room = memory.usable - static - fsdp_working_bytes(self.shape, training=True)
         room -= logits_chunk_bytes(self.shape, self.chunk, self.compiled, training=True)
-        return _rounded(room * self.sp // self.activation_bytes(checkpointing), MAX_UPDATE_TOKENS)
+        return _rounded(room // self.activation_bytes(checkpointing), MAX_UPDATE_TOKENS)
 
     def forward_budget(self, static: int, memory: GpuMemory) -> int:
         room = memory.usable - static - fsdp_working_bytes(self.shape, training=False)
         room -= logits_chunk_bytes(self.shape, self.chunk, self.compiled, training=False)
-        return _rounded(room * self.sp // forward_activation_bytes(self.shape, self.compiled), MAX_FORWARD_TOKENS)
+        return _rounded(room // forward_activation_bytes(self.shape, self.compiled), MAX_FORWARD_TOKENS)
 
 
 def _rounded(tokens: int, cap: int) -> int:
@@ -171,7 +181,7 @@ class RoleChoices:
     checkpointing: bool | None
     update_budget_key: str | None
     forward_budget_keys: list[str]
-    target_tokens: int
+    target_tokens: int  # per GPU, like the budgets
 
 
 @dataclass
@@ -185,16 +195,18 @@ class Decision:
 def check_fits_at_all(work: Workload, own: Tenant, memory: GpuMemory, key: str) -> None:
     """Raise when one longest sequence cannot be trained even with checkpointing and every other model offloaded."""
     static = own.resident(active=True, updating=True)
-    peak = work.update_peak(static, work.longest, checkpointing=True)
+    share = work.longest_share()
+    peak = work.update_peak(static, share, checkpointing=True)
     if peak <= memory.usable:
         return
-    logits = logits_chunk_bytes(work.shape, min(work.chunk, work.longest), work.compiled, training=True)
+    logits = logits_chunk_bytes(work.shape, min(work.chunk, share), work.compiled, training=True)
+    split = f", {share} of them on each of the {work.sp} GPUs of its Ulysses group" if work.sp > 1 else ""
     raise MemoryPlanError(
         f"{key}: the {work.name} update cannot fit on this GPU even with gradient checkpointing and param/optimizer "
         f"offload: it needs an estimated {_gib(peak)} (weights+grads+optimizer {_gib(static)} over "
         f"{own.state.shards} GPU(s), FSDP's gathered layers {_gib(fsdp_working_bytes(work.shape, True))}, "
-        f"activations of one {work.longest}-token sequence "
-        f"{_gib(work.longest * work.activation_bytes(True) // work.sp)}, log-prob chunk {_gib(logits)}) but has "
+        f"activations of one {work.longest}-token sequence{split} "
+        f"{_gib(share * work.activation_bytes(True))}, log-prob chunk {_gib(logits)}) but has "
         f"{memory.describe()}; use more GPUs (FSDP shards the state over them), "
         f"{key}.fsdp_config.model_dtype=bf16, shorter sequences (data.max_prompt_length + data.max_response_length "
         f"= {work.longest}), LoRA (model.lora_rank) or fsdp_config.offload_policy=true"
@@ -212,15 +224,16 @@ def decide(work: Workload, choices: RoleChoices, memory: GpuMemory, static_updat
         verdict = ">" if decision.checkpointing else "≤"
         decision.notes.append(
             f"gradient checkpointing auto → {'on' if decision.checkpointing else 'off'} (estimated peak without it "
-            f"{_gib(peak)} {verdict} {memory.describe()}, for {choices.target_tokens}-token micro-batches)")
+            f"{_gib(peak)} {verdict} {memory.describe()}, for micro-batches of {choices.target_tokens} tokens per "
+            "GPU)")
     if choices.update_budget_key:
         budget = work.update_budget(static_update, memory, decision.checkpointing)
         _require_longest(budget, work, choices.update_budget_key, decision.checkpointing)
         decision.update_budget = budget
         decision.notes.append(
-            f"{choices.update_budget_key} auto → {budget} ({memory.describe()}; resident in the update "
-            f"{_gib(static_update)} of weights, gradients and optimizer states; activations "
-            f"{work.activation_bytes(decision.checkpointing) / work.sp / MIB:.2f} MiB/token with checkpointing "
+            f"{choices.update_budget_key} auto → {budget}{micro_batch_note(budget, work.sp)} ({memory.describe()}; "
+            f"resident in the update {_gib(static_update)} of weights, gradients and optimizer states; activations "
+            f"{work.activation_bytes(decision.checkpointing) / MIB:.2f} MiB/token with checkpointing "
             f"{'on' if decision.checkpointing else 'off'}; estimated peak "
             f"{_gib(work.update_peak(static_update, budget, decision.checkpointing))})")
     if choices.forward_budget_keys:
@@ -229,17 +242,24 @@ def decide(work: Workload, choices: RoleChoices, memory: GpuMemory, static_updat
             _require_longest(budget, work, key, None)
         decision.forward_budget = budget
         decision.notes.append(
-            f"{', '.join(choices.forward_budget_keys)} auto → {budget} (resident {_gib(static_forward)}; "
-            f"{forward_activation_bytes(work.shape, work.compiled) / work.sp / MIB:.3f} MiB/token without gradients)")
+            f"{', '.join(choices.forward_budget_keys)} auto → {budget}{micro_batch_note(budget, work.sp)} (resident "
+            f"{_gib(static_forward)}; {forward_activation_bytes(work.shape, work.compiled) / MIB:.3f} MiB/token "
+            "without gradients)")
     return decision
 
 
+def micro_batch_note(budget: int, sp: int) -> str:
+    """How many tokens a micro-batch of per-GPU `budget` holds, said when Ulysses multiplies it."""
+    return f" per GPU (micro-batches of {micro_batch_token_limit(budget, sp)} tokens over {sp} GPUs)" if sp > 1 else ""
+
+
 def _require_longest(budget: int, work: Workload, key: str, checkpointing: bool | None) -> None:
-    if budget >= work.longest:
+    if micro_batch_token_limit(budget, work.sp) >= work.longest:
         return
     how = "" if checkpointing is None else f" with gradient checkpointing {'on' if checkpointing else 'off'}"
     raise MemoryPlanError(
-        f"{key} auto → {budget} tokens from the GPU's free memory{how}, smaller than the longest sequence, "
+        f"{key} auto → {budget} tokens{micro_batch_note(budget, work.sp)} from the GPU's free memory{how}, smaller "
+        "than the longest sequence, "
         f"data.max_prompt_length + data.max_response_length = {work.longest} tokens: a micro-batch must hold one; "
         "free memory (offload the other models: fsdp_config.param_offload / optimizer_offload), use more GPUs, "
         "shorter sequences, or enable gradient checkpointing if it is off")

@@ -75,8 +75,8 @@ types and preflights each trainer command line it launches, `verl.` read as `ver
 
 | set | veRL commit | recipe commit | pass preflight | refused: a missing feature | by veRL too | otherwise | crashed |
 |---|---|---|---|---|---|---|---|
-| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 110 / 201 | 67 | 4 | 20 | 0 |
-| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 67 / 191 | 98 | 2 | 24 | 0 |
+| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 115 / 201 | 62 | 4 | 20 | 0 |
+| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 71 / 191 | 94 | 2 | 24 | 0 |
 
 "Refused otherwise": at least one problem is worded other than "does not support": transformer-engine and DeepEP
 options (those packages are not installed here), megatron context parallelism and uneven pipeline splits, multi-turn
@@ -86,10 +86,10 @@ does not divide. The refusal families that block the most commands (commands blo
 
 - 2026-01: megatron CPU offload (20; 4), transformer-engine options (13; 0), veRL's own tool, agent-loop and
   reward-manager classes (13; 7), vision-language models (12; 11), DeepEP options (6; 0), profiler tools other than
-  torch (5; 5), per-GPU token budgets under Ulysses (5; 5), megatron context parallelism (5; 2), interactions (4; 3).
+  torch (5; 5), megatron context parallelism (5; 2), interactions (4; 3).
 - 2026-08: vision-language models (24; 19), megatron CPU offload (17; 1), Ascend NPUs (14; 8), transformer-engine
   options (14; 0), veRL's own classes (10; 4), VeOmni (8; 8), expert-parallel rollout engines (7; 1), on-policy
-  distillation (5; 2), quantization-aware training (4; 4), per-GPU token budgets under Ulysses (4; 4).
+  distillation (5; 2), quantization-aware training (4; 4).
 
 Issue 23's target (95% of each set) is not met: the families above stay refused (see below for why).
 """
@@ -126,8 +126,6 @@ running something else:
   verlx's engines run tensor-parallel groups only.
 - **veRL's own classes** (`verl.*`, and `recipe.*`, which build on them) named as tools, agent loops or reward
   managers: verlx cannot run them; its own equivalents are read instead where it has one (`Gsm8kTool`).
-- **Per-GPU token budgets under Ulysses** (veRL reads `*_max_token_len_per_gpu` as each GPU's share of a micro-batch
-  split over the Ulysses group, verlx as the whole micro-batch's): named as such by the preflight.
 
 The reward model's inference-server settings (`reward_model.rollout.*`, `use_reward_loop`) are ignored with a warning:
 verlx scores a sequence-classification reward model with its own forward pass, which gives what either of veRL's
