@@ -34,8 +34,10 @@ _warned: set[str] = set()
 
 def grad_buffers(chunks: list) -> list[torch.Tensor]:
     """The contiguous gradient buffers of megatron DDP-wrapped chunks (none for unwrapped ones)."""
-    return [buffer.grad_data for chunk in chunks
-            for buffer in [*getattr(chunk, "buffers", []), *getattr(chunk, "expert_parallel_buffers", [])]]
+    from megatron.core.distributed import DistributedDataParallel
+
+    return [buffer.grad_data for chunk in chunks if isinstance(chunk, DistributedDataParallel)
+            for buffer in [*chunk.buffers, *chunk.expert_parallel_buffers]]
 
 
 def _optimizer_parts(optimizer) -> list:
