@@ -219,3 +219,16 @@ def test_megatron_update_forward_and_resume_with_all_offload_flags_equal_no_offl
                     _assert_equal(plain[key], other[key], f"rank {rank}, {run} after update {step}: {key}")
         moved = [(a - b).abs().max() for a, b in zip(out["plain_2"]["main"], out["plain_1"]["main"], strict=True)]
         assert all(m > 0 for m in moved), rank  # the second update moved every main param
+
+
+def test_megatron_offload_flags_are_ignored_with_one_warning_on_a_cpu_only_run(monkeypatch, caplog):
+    from verlx.config.engine import MegatronConfig
+    from verlx.workers.megatron import offload
+
+    monkeypatch.setattr(offload, "_warned", set())
+    cfg = MegatronConfig(param_offload=True, grad_offload=True, optimizer_offload=True)
+    with caplog.at_level("WARNING", logger=offload.__name__):
+        made = [offload.MegatronOffloader.for_config("actor", [], None, torch.device("cpu"), cfg) for _ in range(2)]
+    assert all(not (m.param_offload or m.grad_offload or m.optimizer_offload) for m in made)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "ignored on a CPU-only run" in warnings[0], warnings

@@ -2,7 +2,8 @@
 between phases and come back to the GPU for the phase that computes with them.
 
 Only this rank's shards move (1/N of the model each). What moves is storages: an FSDP2 sharded parameter's padded
-flat storage, each optimizer state tensor's. Offloading copies a storage's bytes into its host buffer and frees the
+flat storage, each optimizer state tensor's (HostStash, verlx/workers/host_stash.py, shared with the megatron
+engine). Offloading copies a storage's bytes into its host buffer and frees the
 device memory by resizing the storage to zero bytes; loading gives it its bytes back and copies them in. Python
 objects never change, so FSDP2's references to its sharded data, the DTensor parameters and the optimizer's state
 dict stay valid without re-registration (FSDP2 frees its unsharded parameters the same way). The host buffers are
