@@ -15,6 +15,12 @@ Steps (the model is a Qwen2.5-0.5B shape with random weights, the data arithmeti
               with transformers, has the initial model's tensors, moved by training, and generates finite logits
   resume      main_ppo again to step 4: resumes grpo's checkpoint (model, distributed optimizer, lr schedule)
   ppo_critic  main_ppo PPO with GAE: megatron actor, reference and critic at PP=2, SGLang TP=2, 2 steps
+  offload     grpo again (fresh, 3 steps, a checkpoint at step 3) with megatron.param_offload, grad_offload and
+              optimizer_offload on (the reference's param_offload follows the actor's): per phase, the peak device
+              memory of the trainer process (perf/max_memory_allocated_gb/<phase>) and the step time against grpo's
+              step 3 (run grpo first in the same --work); expected drop in the generation phase: the actor's bf16
+              params and grads, fp32 main params and Adam moments (2+2+4+8 bytes a parameter, over TP) plus the
+              reference's bf16 params
   tp2pp2      (4 GPUs) main_ppo GRPO with the megatron actor and reference at TP=2 × PP=2, SGLang TP=2 (two engines),
               3 steps
 Prints a summary table; $OUT/megatron_gpu.json keeps it, with each main_ppo run's metrics.
@@ -36,9 +42,10 @@ sys.path[:0] = [ROOT, HERE]
 
 from grpo_step_gpu import prepare_inputs  # noqa: E402  (the benchmark next to this one)
 
-STEPS = ("parity", "grpo", "export", "resume", "ppo_critic", "tp2pp2")
+STEPS = ("parity", "grpo", "export", "resume", "ppo_critic", "offload", "tp2pp2")
 # per step, so that each documented call (parity grpo export | resume ppo_critic) ends within a 600 s device call
-TIMEOUT_S = {"parity": 200, "grpo": 300, "export": 90, "resume": 240, "ppo_critic": 330, "tp2pp2": 300}
+TIMEOUT_S = {"parity": 200, "grpo": 300, "export": 90, "resume": 240, "ppo_critic": 330, "offload": 300,
+             "tp2pp2": 300}
 
 
 def run(cmd: list[str], log_path: str, timeout_s: float, env: dict | None = None) -> tuple[int, str]:
@@ -158,6 +165,30 @@ def step_ppo_critic(args, work: str) -> dict:
     rows = metrics(work, "ppo_critic")
     ok = rc == 0 and len(rows) == 2 and all("critic/vf_loss" in r for r in rows)
     return {"ok": ok, "rc": rc, "rows": rows, "details": _row_details(rows, ("critic/vf_loss", "critic/grad_norm"))}
+
+
+def step_offload(args, work: str) -> dict:
+    megatron = [] if args.smoke else ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"] + [
+        f"actor_rollout_ref.actor.megatron.{flag}=true" for flag in ("param_offload", "grad_offload",
+                                                                      "optimizer_offload")]
+    cmd = ppo_command(args, work, "offload", 3, ["algorithm.adv_estimator=grpo", "trainer.save_freq=3",
+                                                 "actor_rollout_ref.actor.use_kl_loss=true", *megatron])
+    rc, _ = run(cmd, os.path.join(work, "offload.log"), TIMEOUT_S["offload"])
+    rows, baseline = metrics(work, "offload"), [r for r in metrics(work, "grpo") if r["step"] == 3]
+    ok = rc == 0 and [r["step"] for r in rows] == [1, 2, 3] and os.path.isdir(f"{work}/offload_ckpt/global_step_3")
+    memory = {}
+    if rows and baseline:
+        prefix = "perf/max_memory_allocated_gb/"
+        memory = {key[len(prefix):]: {"resident": baseline[0][key], "offload": rows[-1][key]}
+                  for key in rows[-1] if key.startswith(prefix) and key in baseline[0]}
+        memory["step_s"] = {"resident": baseline[0].get("timing_s/step"), "offload": rows[-1].get("timing_s/step")}
+    gen = memory.get("gen")
+    ok = ok and (gen is None or gen["offload"] < gen["resident"])  # generation holds none of the offloaded state
+    shown = ", ".join(f"{k} {v['resident']:.3g}→{v['offload']:.3g}" for k, v in memory.items()
+                      if None not in v.values())
+    return {"ok": ok, "rc": rc, "rows": rows, "memory": memory,
+            "details": (f"step 3, resident→offload: {shown}" if memory else "no grpo step 3 to compare with") + "; "
+            + _row_details(rows[-1:])}
 
 
 def step_tp2pp2(args, work: str) -> dict:

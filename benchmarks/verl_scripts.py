@@ -113,7 +113,7 @@ def _quote_placeholder(arg: str) -> str:
 # Refusal families: problems that name one missing feature in different words (a key per role, per value) counted
 # as one. A problem in none of these is its own family: the feature a table row names, else its first words.
 FAMILIES = (
-    (r"megatron\.(param|grad|optimizer)_offload|optimizer_cpu_offload", "megatron CPU offload"),
+    (r"optimizer_cpu_offload", "megatron CPU offload"),
     (r"needs transformer-engine", "transformer-engine options (not installed here)"),
     (r"needs DeepEP", "DeepEP options (not installed here)"),
     (r"context_parallel_size|context-parallel", "megatron context parallelism"),

@@ -16,6 +16,7 @@ from helpers.ppo_batches import ragged_ppo_batch
 from verlx.utils.distributed import free_port
 from verlx.workers.fsdp import offload
 from verlx.workers.fsdp.offload import Offloader, fsdp_units, optimizer_state_tensors
+from verlx.workers.host_stash import local_tensor
 
 CPU = torch.device("cpu")
 
@@ -63,7 +64,7 @@ def _snapshot(module, optimizer) -> dict[str, torch.Tensor]:
 
 def _storage_bytes(module, optimizer) -> int:
     tensors = [*module.parameters(), *optimizer_state_tensors(optimizer)]
-    return sum(offload._local(t).untyped_storage().nbytes() for t in tensors)
+    return sum(local_tensor(t).untyped_storage().nbytes() for t in tensors)
 
 
 def test_units_in_forward_order_each_parameter_once(gloo):

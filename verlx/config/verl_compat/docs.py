@@ -101,9 +101,10 @@ JUDGEMENTS = """\
 Each of these is a feature the scripts that use it rely on, so verlx refuses it naming the feature rather than
 running something else:
 
-- **Megatron CPU offload** (`megatron.param_offload`, `grad_offload`, `optimizer_offload`, and
-  `override_optimizer_config.optimizer_cpu_offload`): verlx's megatron engine keeps its state on the GPU; refused
-  rather than run a large model's script into an out-of-memory error. The scripts of the largest models set it.
+- **Megatron CPU offload**: `override_optimizer_config.optimizer_cpu_offload` (megatron's hybrid optimizer, which
+  steps on the CPU) is refused rather than run a large model's script into an out-of-memory error; veRL's own
+  `megatron.param_offload`, `grad_offload` and `optimizer_offload` are implemented (state in host memory between
+  phases, docs/megatron.md) and are no longer in this family. The counts above predate that change.
 - **transformer-engine and DeepEP options** (`apply_rope_fusion`, `gradient_accumulation_fusion`,
   `moe_grouped_gemm`, `moe_permute_fusion`, `use_precision_aware_optimizer`, `moe_token_dispatcher_type=flex`, ...):
   refused, naming the package, where it is not installed; verlx's mixture-of-experts layers are megatron's local

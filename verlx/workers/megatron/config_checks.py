@@ -115,9 +115,6 @@ def _check_role(role: _Role, world_size: int, f: Findings) -> None:
     experts, moe_ffn = shape.pop("num_experts", 0), shape.pop("moe_ffn_hidden_size", None)
     f.problems += check_layout(world_size, m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
                                m.context_parallel_size, m.virtual_pipeline_model_parallel_size, key=key, **shape)
-    for flag in ("param_offload", "grad_offload", "optimizer_offload"):
-        f.require(not getattr(m, flag), f"{key}.{flag}=true is not supported by the megatron backend yet; set it to "
-                  "false")
     f.require(m.context_parallel_size == 1,
               f"{key}.context_parallel_size={m.context_parallel_size}: verlx's megatron backend does not split "
               "sequences over context-parallel ranks (megatron-core 0.16 offers context parallelism only inside "

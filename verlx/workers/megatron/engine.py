@@ -24,9 +24,9 @@ from verlx.workers.micro_batching import MiniBatch
 class MegatronEngine(TrainingEngine):
     """This rank's chunks of one model and the runner that drives megatron's schedules over them."""
 
-    def __init__(self, runner, dims, layout, chunks: list, lr_scheduler=None, checkpoint=None):
+    def __init__(self, runner, dims, layout, chunks: list, offloader, lr_scheduler=None, checkpoint=None):
         self.runner, self.dims, self.layout, self.chunks = runner, dims, layout, chunks
-        self.lr_scheduler, self.checkpoint = lr_scheduler, checkpoint
+        self.lr_scheduler, self.checkpoint, self.offloader = lr_scheduler, checkpoint, offloader
 
     @classmethod
     def check_available(cls, key: str) -> None:
@@ -53,6 +53,7 @@ class MegatronEngine(TrainingEngine):
         require_megatron_core()
         from verlx.workers.megatron.architectures import model_dims
         from verlx.workers.megatron.checkpoint import MegatronCheckpointManager
+        from verlx.workers.megatron.offload import MegatronOffloader
         from verlx.workers.megatron.runner import MegatronRunner
         from verlx.workers.megatron.setup import build_lr_scheduler, build_role_chunks, layout_for, wrap_for_training
 
@@ -64,7 +65,8 @@ class MegatronEngine(TrainingEngine):
         if not spec.trainable:
             for chunk in chunks:
                 chunk.requires_grad_(False)
-            return cls(MegatronRunner(chunks, spec.device, role=spec.name), dims, layout, chunks)
+            offloader = MegatronOffloader.for_config(spec.name, chunks, None, spec.device, mcfg)
+            return cls(MegatronRunner(chunks, spec.device, role=spec.name), dims, layout, chunks, offloader)
         wrapped, optimizer = wrap_for_training(chunks, config, mcfg, spec.role.optim, spec.role.grad_clip)
         key = {"actor": "actor_rollout_ref.actor", "critic": "critic"}.get(spec.name, spec.name)
         lr_scheduler = build_lr_scheduler(optimizer, spec.role.optim, spec.total_steps, f"{key}.optim")
@@ -72,7 +74,8 @@ class MegatronEngine(TrainingEngine):
         with_hf = spec.tokenizer is not None
         checkpoint = MegatronCheckpointManager(wrapped, optimizer, lr_scheduler, spec.tokenizer,
                                                spec.hf_config if with_hf else None)
-        return cls(runner, dims, layout, chunks, lr_scheduler, checkpoint)
+        offloader = MegatronOffloader.for_config(spec.name, wrapped, optimizer, spec.device, mcfg)
+        return cls(runner, dims, layout, chunks, offloader, lr_scheduler, checkpoint)
 
     # ------------------------------------------------------------------ compute
     @property
@@ -117,6 +120,12 @@ class MegatronEngine(TrainingEngine):
         self.runner.step(metrics)
 
     # ------------------------------------------------------------------ state
+    def on_device(self, optimizer: bool = False, overlap: bool = False):
+        return self.offloader.on_device(optimizer=optimizer, overlap=overlap)
+
+    def offload(self) -> None:
+        self.offloader.offload()
+
     def lr(self) -> float:
         return self.lr_scheduler.get_last_lr()[0]
 

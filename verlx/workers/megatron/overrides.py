@@ -85,7 +85,8 @@ def optimizer_override_problems(key: str, overrides: dict[str, Any], te_availabl
             problems.append(f"{where}.{name} is not a megatron OptimizerConfig field.{did_you_mean(name, fields)}")
         elif name == "optimizer_cpu_offload" and _asks(value):
             problems.append(f"{where}.optimizer_cpu_offload=true: megatron's CPU-offloaded optimizer is not "
-                            "supported by verlx's megatron backend yet (its offload keys are refused too); remove it")
+                            "supported by verlx's megatron backend; remove it and set megatron.optimizer_offload=true "
+                            "(the optimizer state in host memory between phases) instead")
         elif name == "use_precision_aware_optimizer" and _asks(value) and not te_available:
             problems.append(f"{where}.use_precision_aware_optimizer=true needs transformer-engine's FusedAdam, which "
                             "is not installed; install transformer-engine or remove it")
