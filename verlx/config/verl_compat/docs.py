@@ -85,8 +85,9 @@ step_start/step_end, rollout_correction.use_policy_gradient, critic.entropy_chec
 does not divide. The refusal families that block the most commands (commands blocked; blocked by that family alone):
 
 - 2026-01: transformer-engine options (13; 4), veRL's own tool, agent-loop and reward-manager classes (13; 7),
-  vision-language models (12; 11), megatron's own CPU optimizer (`optimizer_cpu_offload`, refused as "megatron CPU offload": 8; 0), DeepEP options
-  (6; 0), profiler tools other than torch (5; 5), megatron context parallelism (5; 2), interactions (4; 3).
+  vision-language models (12; 11), megatron's own CPU optimizer (`optimizer_cpu_offload`, the "megatron CPU
+  offload" family: 8; 0), DeepEP options (6; 0), profiler tools other than torch (5; 5), megatron context
+  parallelism (5; 2), interactions (4; 3).
 - 2026-08: vision-language models (24; 19), Ascend NPUs (14; 8), transformer-engine options (14; 5), veRL's own
   classes (10; 4), megatron's own CPU optimizer (8; 0), VeOmni (8; 8), expert-parallel rollout engines (7; 1),
   on-policy distillation (5; 2), quantization-aware training (4; 4).
