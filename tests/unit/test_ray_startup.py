@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from helpers.e2e import make_config
-from verlx.rollout.engine_layout import DEFAULT_BASE_PORT, PORTS_PER_ENGINE
-from verlx.rollout.engine_ports import BASE_PORT_ENV, SEARCH_END, free_base_port, port_is_free
+from verlx.rollout.engine_layout import PORTS_PER_ENGINE
+from verlx.rollout.engine_ports import BASE_PORT_ENV, SEARCH_END, SEARCH_START, free_base_port, port_is_free
 from verlx.trainer.ray_startup import start_ray
 from verlx.trainer.stop_signals import stop_at_once
 
@@ -88,17 +88,18 @@ def test_engine_base_port_is_a_free_block_unless_the_user_set_one(ray_init_calls
 
 
 def test_a_block_with_a_busy_port_is_skipped():
-    """The search starts at a random block; a block where one port is taken is passed over for the next."""
+    """The search starts at a random block; a block where one port is taken is passed over for the next, and a
+    port something listens on is seen as taken."""
     import random
     import socket
 
-    first = random.Random(7).randrange(len(range(DEFAULT_BASE_PORT, SEARCH_END - 2 * PORTS_PER_ENGINE,
-                                                 2 * PORTS_PER_ENGINE)))
-    busy_block = DEFAULT_BASE_PORT + first * 2 * PORTS_PER_ENGINE
-    if not all(port_is_free(p) for p in range(busy_block, busy_block + 2 * PORTS_PER_ENGINE)):
-        pytest.skip(f"ports {busy_block}.. are taken on this machine already")
+    span = 2 * PORTS_PER_ENGINE
+    first = SEARCH_START + random.Random(7).randrange(len(range(SEARCH_START, SEARCH_END - span + 1, span))) * span
+    assert free_base_port(2, random.Random(7), is_free=lambda port: True) == first
+    assert free_base_port(2, random.Random(7), is_free=lambda port: port != first + 5) == first + span
+    with pytest.raises(RuntimeError, match=f"set {BASE_PORT_ENV} to the first of {span} free ports"):
+        free_base_port(2, random.Random(7), is_free=lambda port: False)
     with socket.socket() as listener:
-        listener.bind(("", busy_block + 5))
+        listener.bind(("", 0))
         listener.listen()
-        assert free_base_port(2, random.Random(7)) == busy_block + 2 * PORTS_PER_ENGINE
-    assert free_base_port(2, random.Random(7)) == busy_block
+        assert not port_is_free(listener.getsockname()[1])

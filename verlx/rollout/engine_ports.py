@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Callable
 
-from verlx.rollout.engine_layout import DEFAULT_BASE_PORT, PORTS_PER_ENGINE
+from verlx.rollout.engine_layout import PORTS_PER_ENGINE
 
 BASE_PORT_ENV = "VERLX_ROLLOUT_BASE_PORT"
-#: the bases tried: blocks in [DEFAULT_BASE_PORT, SEARCH_END)
-SEARCH_END = 60000
+#: the bases tried: blocks in [SEARCH_START, SEARCH_END), below Linux's default ephemeral range (32768-60999), where
+#: the kernel hands out ports to outgoing connections at any time: a block found free there could be taken before
+#: the engines bind it
+SEARCH_START, SEARCH_END = 20000, 32768
 
 
 def port_is_free(port: int) -> bool:
@@ -29,13 +32,14 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def free_base_port(engines: int, rng: random.Random | None = None) -> int:
+def free_base_port(engines: int, rng: random.Random | None = None,
+                   is_free: Callable[[int], bool] = port_is_free) -> int:
     """A base port such that the `engines` replicas' ports (PORTS_PER_ENGINE each) are all free here now."""
     span = max(engines, 1) * PORTS_PER_ENGINE
-    bases = list(range(DEFAULT_BASE_PORT, SEARCH_END - span, span))
+    bases = list(range(SEARCH_START, SEARCH_END - span + 1, span))
     start = (rng or random.SystemRandom()).randrange(len(bases))
     for base in bases[start:] + bases[:start]:
-        if all(port_is_free(p) for p in range(base, base + span)):
+        if all(is_free(p) for p in range(base, base + span)):
             return base
-    raise RuntimeError(f"no block of {span} free ports between {DEFAULT_BASE_PORT} and {SEARCH_END} on this host "
+    raise RuntimeError(f"no block of {span} free ports between {SEARCH_START} and {SEARCH_END} on this host "
                        f"for the rollout engines; set {BASE_PORT_ENV} to the first of {span} free ports")
