@@ -94,3 +94,24 @@ def megatron_on_cpu(one_rank, monkeypatch):
         yield
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()
+
+
+@contextmanager
+def two_gloo_ranks_with_tiny_qwen2(rank: int, tmp: str):
+    """One of 2 gloo ranks (rendezvous through a file in `tmp`) with megatron on the CPU: yields the path of a tiny
+    Qwen2 that rank 0 wrote; the process group is destroyed afterwards."""
+    import os
+
+    import torch.distributed as dist
+
+    from helpers.tiny_tokenizer import save_tiny_qwen2
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=2)
+    path = os.path.join(tmp, "hf")
+    if rank == 0:
+        save_tiny_qwen2(path)
+    dist.barrier()
+    with pytest.MonkeyPatch.context() as monkeypatch, cuda_as_cpu(monkeypatch):
+        yield path
+    dist.destroy_process_group()

@@ -162,21 +162,11 @@ RUNS = {"storages_tp2": lambda path, tmp: _storages_tp2(path), "updates_pp2": _u
 
 
 def _worker(rank: int, tmp: str, run: str) -> None:
-    import torch.distributed as dist
+    from helpers.megatron_cpu import two_gloo_ranks_with_tiny_qwen2
 
-    from helpers.megatron_cpu import cuda_as_cpu
-    from helpers.tiny_tokenizer import save_tiny_qwen2
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=2)
-    path = os.path.join(tmp, "hf")
-    if rank == 0:
-        save_tiny_qwen2(path)
-    dist.barrier()
-    with pytest.MonkeyPatch.context() as monkeypatch, cuda_as_cpu(monkeypatch):
+    with two_gloo_ranks_with_tiny_qwen2(rank, tmp) as path:
         result = RUNS[run](path, tmp)
     torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
-    dist.destroy_process_group()
 
 
 def _spawn(run: str) -> list[dict]:
