@@ -1,0 +1,123 @@
+"""The policy's log-probs on a vision-language model (tiny Qwen2-VL) against a plain transformers forward of the same
+model: padded and packed (remove-padding), with images of different sizes, a row without image, left-padded
+prompts and right-padded responses; and the M-RoPE positions against transformers' own get_rope_index."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.tiny_vlm import random_image, save_tiny_qwen2_vl
+from verlx.models.mrope import batch_position_ids
+from verlx.models.policy import PolicyModel
+from verlx.models.vision import micro_batch_vision, vision_language_model
+
+RESPONSE = 5
+TEMPERATURE = 0.7
+
+
+@pytest.fixture(scope="module")
+def tiny_vl(tmp_path_factory):
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    path = save_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vl"))
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    return model, AutoImageProcessor.from_pretrained(path)
+
+
+def _batch(model, image_processor):
+    """Three rows: two images (sizes 56x84 and 28x28), one image (56x56), none; prompts left-padded, responses
+    right-padded (row 1's stops after 3 tokens)."""
+    image = model.config.image_token_id
+    sizes = [[(56, 84), (28, 28)], [(56, 56)], []]
+    rows, vision = [], []
+    for i, row_sizes in enumerate(sizes):
+        if row_sizes:
+            images = [random_image(h, w, seed=10 * i + j) for j, (h, w) in enumerate(row_sizes)]
+            vision.append(dict(image_processor(images=images, return_tensors="pt")))
+        else:
+            vision.append({})
+        counts = [(h // 28) * (w // 28) for h, w in row_sizes]
+        prompt = [3 + i, 4]
+        for n in counts:
+            prompt += [image] * n + [5 + i]
+        rows.append(prompt)
+    width = max(len(r) for r in rows) + 1
+    ids = torch.zeros((3, width + RESPONSE), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    generator = torch.Generator().manual_seed(0)
+    for i, prompt in enumerate(rows):
+        ids[i, width - len(prompt):width] = torch.tensor(prompt)
+        mask[i, width - len(prompt):width] = 1
+        length = 3 if i == 1 else RESPONSE
+        ids[i, width:width + length] = torch.randint(10, 60, (length,), generator=generator)
+        mask[i, width:width + length] = 1
+    return ids, mask, vision
+
+
+def _hf_log_probs(model, ids, mask, vision):
+    """log softmax(logits / T) of the response tokens from the model's own forward (its own M-RoPE positions)."""
+    present = [v for v in vision if v]
+    image = model.config.image_token_id
+    out = model(input_ids=ids, attention_mask=mask, pixel_values=torch.cat([v["pixel_values"] for v in present]),
+                image_grid_thw=torch.cat([v["image_grid_thw"] for v in present]),
+                mm_token_type_ids=(ids == image).int(), use_cache=False)
+    logits = out.logits[:, -RESPONSE - 1:-1].float() / TEMPERATURE
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, -RESPONSE:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_policy_log_probs_match_a_plain_forward(tiny_vl, packed):
+    model, image_processor = tiny_vl
+    spec = vision_language_model(model.config)
+    ids, mask, vision = _batch(model, image_processor)
+    grids = [v.get("image_grid_thw") for v in vision]
+    positions = batch_position_ids(ids, mask, grids, spec.image_token_id, spec.merge_size)
+    policy = PolicyModel(model, packed=packed, vision=spec)
+    with torch.no_grad():
+        log_probs, entropy = policy(ids, mask, positions, RESPONSE, temperature=TEMPERATURE, with_entropy=True,
+                                    vision_inputs=micro_batch_vision(vision, ids, spec))
+        reference = _hf_log_probs(model, ids, mask, vision)
+    response_mask = mask[:, -RESPONSE:].bool()
+    assert response_mask.sum() == 13
+    torch.testing.assert_close(log_probs[response_mask], reference[response_mask], rtol=0, atol=2e-5)
+    assert entropy is not None and entropy.shape == log_probs.shape
+
+
+def test_log_probs_depend_on_the_images(tiny_vl):
+    """Other pixels give other log-probs: the images reach the text model."""
+    model, image_processor = tiny_vl
+    spec = vision_language_model(model.config)
+    ids, mask, vision = _batch(model, image_processor)
+    positions = batch_position_ids(ids, mask, [v.get("image_grid_thw") for v in vision], spec.image_token_id,
+                                   spec.merge_size)
+    policy = PolicyModel(model, vision=spec)
+    changed = [dict(v, pixel_values=v["pixel_values"].flip(0)) if v else v for v in vision]
+    with torch.no_grad():
+        first, _ = policy(ids, mask, positions, RESPONSE, vision_inputs=micro_batch_vision(vision, ids, spec))
+        second, _ = policy(ids, mask, positions, RESPONSE, vision_inputs=micro_batch_vision(changed, ids, spec))
+    assert (first[:2] - second[:2]).abs().max() > 1e-3
+    torch.testing.assert_close(first[2], second[2], rtol=0, atol=1e-6)  # the row without image
+
+
+def test_mrope_positions_match_transformers(tiny_vl):
+    model, image_processor = tiny_vl
+    spec = vision_language_model(model.config)
+    ids, mask, vision = _batch(model, image_processor)
+    grids = [v.get("image_grid_thw") for v in vision]
+    ours = batch_position_ids(ids, mask, grids, spec.image_token_id, spec.merge_size)
+    reference, _ = model.model.get_rope_index(ids, (ids == spec.image_token_id).int(),
+                                              torch.cat([g for g in grids if g is not None]), attention_mask=mask)
+    real = mask.bool()
+    assert torch.equal(ours[:, 1:].permute(1, 0, 2)[:, real], reference[:, real])
+    assert torch.equal(ours[:, 0][real], (mask.cumsum(-1) - 1)[real])
+
+
+def test_image_tokens_that_disagree_with_the_grids_are_refused(tiny_vl):
+    model, image_processor = tiny_vl
+    spec = vision_language_model(model.config)
+    ids, mask, vision = _batch(model, image_processor)
+    with pytest.raises(ValueError, match="image tokens, but its images' grids make"):
+        micro_batch_vision(vision[:1] + [{}, {}], ids, spec)
+    with pytest.raises(ValueError, match="no pixel_values"):
+        micro_batch_vision(None, ids, spec)
