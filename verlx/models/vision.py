@@ -9,6 +9,8 @@ which is also the order of their image tokens in the batch, padded or packed.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,18 @@ def vision_language_model(hf_config, key: str = "actor_rollout_ref.model.path") 
                          f"{', '.join(SUPPORTED_MODEL_TYPES)} (video and audio inputs are not supported either)")
     return VisionLanguageModel(model_type, int(hf_config.image_token_id),
                                int(hf_config.vision_config.spatial_merge_size))
+
+
+def checkpoint_model_type(path: str | None) -> str | None:
+    """The model_type of a vision-language checkpoint directory (its config.json has a vision_config), None for a
+    text model or a directory whose config cannot be read (the path checks report that). Reads the file only."""
+    config_file = os.path.join(os.path.expanduser(os.path.expandvars(path or "")), "config.json")
+    try:
+        with open(config_file) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return str(raw.get("model_type", "?")) if isinstance(raw, dict) and raw.get("vision_config") else None
 
 
 def micro_batch_vision(rows: np.ndarray | None, input_ids: torch.Tensor, spec: VisionLanguageModel
@@ -85,6 +99,14 @@ class VisionLanguageBody:
         mrope = position_ids[:, MROPE_AXES].transpose(0, 1)  # [3, B, T], the layout the text model takes
         return self.body.language_model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=mrope,
                                         use_cache=use_cache, **attention_kwargs)
+
+
+def causal_lm_class(hf_config):
+    """The transformers auto class a policy of this config loads with: image-text-to-text for a vision-language
+    model, causal LM otherwise."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if vision_language_model(hf_config) is not None else AutoModelForCausalLM
 
 
 def vision_tower(hf_model) -> torch.nn.Module:
