@@ -27,6 +27,12 @@ def non_tensor_inputs(non_tensor_batch: Mapping) -> list[str]:
     return [key for key in NON_TENSOR_MODEL_INPUTS if key in non_tensor_batch]
 
 
+def select_inputs(batch, keys):
+    """A DataProto's tensors `keys` with the non-tensor model inputs it has, without meta_info: what a phase that
+    runs the model sends to the workers."""
+    return batch.select(list(keys), non_tensor_inputs(batch.non_tensor_batch), [])
+
+
 # ---------------------------------------------------------------------- rollout (rollout/base.py: the shared layout)
 PROMPTS = "prompts"
 RESPONSES = "responses"

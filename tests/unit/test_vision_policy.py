@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
 from helpers.tiny_vlm import random_image, save_tiny_qwen2_vl
+from verlx.config.roles import ModelConfig, OptimConfig
 from verlx.models.mrope import batch_position_ids
 from verlx.models.policy import PolicyModel
-from verlx.models.vision import micro_batch_vision, vision_language_model
+from verlx.models.vision import micro_batch_vision, vision_language_model, vision_tower
+from verlx.workers.fsdp.model_builder import build_optimizer, load_policy
 
 RESPONSE = 5
 TEMPERATURE = 0.7
@@ -18,8 +21,6 @@ TEMPERATURE = 0.7
 
 @pytest.fixture(scope="module")
 def tiny_vl(tmp_path_factory):
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
-
     path = save_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vl"))
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return model, AutoImageProcessor.from_pretrained(path)
@@ -121,3 +122,25 @@ def test_image_tokens_that_disagree_with_the_grids_are_refused(tiny_vl):
         micro_batch_vision(vision[:1] + [{}, {}], ids, spec)
     with pytest.raises(ValueError, match="no pixel_values"):
         micro_batch_vision(None, ids, spec)
+
+
+def test_freeze_vision_tower_trains_the_text_model_only(tmp_path):
+    """actor.freeze_vision_tower: the image encoder gets no gradient and keeps its weights through an update whose
+    loss depends on the images; the text model's weights move."""
+    path = save_tiny_qwen2_vl(tmp_path / "model")
+    model_cfg = ModelConfig(path=path, enable_gradient_checkpointing=False, use_remove_padding=True)
+    policy = load_policy(path, model_cfg, torch.float32, freeze_vision_tower=True)
+    tower = vision_tower(policy.hf_model)
+    assert not any(p.requires_grad for p in tower.parameters())
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    ids, mask, vision = _batch(policy.hf_model, AutoImageProcessor.from_pretrained(path))
+    spec = policy.vision
+    positions = batch_position_ids(ids, mask, [v.get("image_grid_thw") for v in vision], spec.image_token_id,
+                                   spec.merge_size)
+    optimizer = build_optimizer(policy.parameters(), OptimConfig(lr=1e-2))
+    log_probs, _ = policy(ids, mask, positions, RESPONSE, vision_inputs=micro_batch_vision(vision, ids, spec))
+    log_probs.sum().backward()
+    optimizer.step()
+    moved = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(".visual." not in n for n in moved)
+    assert any(".language_model." in n for n in moved)
