@@ -81,5 +81,5 @@ def test_vision_language_features_not_done_yet_are_refused_before_ray(vl_model_d
     with pytest.raises(ConfigError) as error:
         prepare(cfg)
     message = str(error.value)
-    assert "does not support LoRA (actor_rollout_ref.model.lora_rank=8) with vision-language models" in message
-    assert "does not support a critic (algorithm.adv_estimator=gae) with vision-language models" in message
+    assert "does not support LoRA with vision-language models yet (actor_rollout_ref.model.lora_rank=8)" in message
+    assert "does not support a critic with vision-language models yet (algorithm.adv_estimator=gae)" in message

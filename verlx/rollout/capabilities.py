@@ -83,8 +83,8 @@ def _needs(cfg) -> dict[str, tuple[str, str]]:
     model_type = checkpoint_model_type(cfg.actor_rollout_ref.model.path)
     if model_type is not None:
         needs["supports_image_input"] = (f"actor_rollout_ref.model.path (a vision-language model, {model_type})",
-                                         "takes image inputs (vision-language models; SGLang's and vLLM's image "
-                                         "input is not wired yet)")
+                                         "takes image inputs (vision-language models; image input is not supported "
+                                         "yet on SGLang, vLLM and the native engine)")
     return needs
 
 

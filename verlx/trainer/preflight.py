@@ -416,6 +416,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     check_unsupported(cfg, f)
     check_run_length(cfg, f)
     if not f.problems:
+        from verlx.trainer.vision_checks import vision_problems
+
+        f.problems += vision_problems(cfg)  # before the engines' checks, which do not know vision-language models
+    if not f.problems:
         from verlx.workers.megatron.config_checks import megatron_findings
 
         megatron = megatron_findings(cfg, world_size or world_size_of(cfg))
@@ -425,12 +429,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         from verlx.rollout.agent.config_checks import agent_loop_problems
         from verlx.rollout.capabilities import capability_problems
         from verlx.trainer.rollout_modes.config_checks import rollout_mode_problems
-        from verlx.trainer.vision_checks import vision_problems
 
         f.problems += agent_loop_problems(cfg)
         f.problems += rollout_mode_problems(cfg)
         f.problems += capability_problems(cfg)
-        f.problems += vision_problems(cfg)
     if not f.problems:
         check_verl_features(cfg, f, world_size or world_size_of(cfg), check_files)
     if not f.problems:
