@@ -1,6 +1,7 @@
 """One GRPO step of a vision-language model (tiny Qwen2-VL) through main_ppo on 2 CPU workers with the hf engine, on
 geo3k-format data made by examples/data_preprocess/geo3k.py from a tiny generated image set: the rows' images reach
-the rollout and the actor (packed, with the reference's KL loss), whose log-probs agree with the engine's."""
+the rollout (training and validation) and the actor (packed, with the reference's KL loss), whose log-probs agree
+with the engine's."""
 
 from __future__ import annotations
 
@@ -55,10 +56,12 @@ def test_one_grpo_step_with_images(ray_cpu, vl_model_dir, geo3k_dir, tmp_path):
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return len(solution_str) / 10\n")
     cfg = _config(vl_model_dir, geo3k_dir, tmp_path, "actor_rollout_ref.actor.freeze_vision_tower=true",
-                  f"custom_reward_function.path={reward}")
+                  f"custom_reward_function.path={reward}", "trainer.val_before_train=true")
     run_ppo(cfg)
-    (metrics,) = read_metrics(tmp_path)
-    assert metrics["step"] == 1
+    records = read_metrics(tmp_path)
+    (metrics,) = [r for r in records if r["step"] == 1 and "actor/grad_norm" in r]
+    # validation generated from the test split's images too
+    assert any("val-core/hiyouga/geometry3k/reward/mean@1" in r for r in records)
     assert metrics["response_length/mean"] > 0 and metrics["critic/score/max"] > metrics["critic/score/min"]
     # the update's first mini-batch reproduces old_log_probs (same weights, same images), and the trainer's
     # log-probs are the hf engine's (both with the images and M-RoPE positions)

@@ -106,3 +106,21 @@ def test_a_prompt_with_images_is_not_truncated(tmp_path, vl_model):
     kept = RLHFDataset(file, tokenizer, DataConfig(max_prompt_length=48, filter_overlong_prompts=True),
                        processor=prompts)
     assert kept.num_filtered == 1 and kept.prompt_lengths.tolist() == [TEMPLATE_TOKENS + 2 + 5 + 4]
+
+
+def test_a_transformers_style_processor_is_read_for_its_image_half(tmp_path, vl_model):
+    """veRL hands RLHFDataset transformers' processor (an image_processor and an image_token_id, among others):
+    the same rows as with verlx's own."""
+    from types import SimpleNamespace
+
+    path, tokenizer, prompts = vl_model
+    file = write_parquet_atomic([geo_row("<image>Find x.", [{"bytes": png_bytes(random_image(56, 84, 1))}])],
+                                tmp_path / "geo.parquet")
+    theirs = SimpleNamespace(image_processor=prompts.image_processor, image_token_id=prompts.model.image_token_id,
+                             tokenizer=tokenizer)
+    ours = RLHFDataset(file, tokenizer, DataConfig(max_prompt_length=64), processor=prompts).get_batch([0])
+    via = RLHFDataset(file, tokenizer, DataConfig(max_prompt_length=64), processor=theirs).get_batch([0])
+    assert torch.equal(ours.batch["input_ids"], via.batch["input_ids"])
+    assert torch.equal(ours.batch["position_ids"], via.batch["position_ids"])
+    assert torch.equal(ours.non_tensor_batch[MULTI_MODAL_INPUTS][0]["pixel_values"],
+                       via.non_tensor_batch[MULTI_MODAL_INPUTS][0]["pixel_values"])

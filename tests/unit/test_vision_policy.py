@@ -144,3 +144,27 @@ def test_freeze_vision_tower_trains_the_text_model_only(tmp_path):
     moved = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all(".visual." not in n for n in moved)
     assert any(".language_model." in n for n in moved)
+
+
+def test_training_forward_with_activation_checkpointing_and_compiled_text_layers(tmp_path):
+    """veRL's VL scripts turn on gradient checkpointing and verlx compiles decoder layers on GPUs: the vision-language
+    policy trains with checkpointed layers (same log-probs and gradients as without), and compile_model wraps the
+    text decoder layers only (image sizes change from batch to batch; the vision blocks stay eager)."""
+    from verlx.models.compile import compile_model
+
+    path = save_tiny_qwen2_vl(tmp_path / "model")
+    image_processor = AutoImageProcessor.from_pretrained(path)
+    grads = []
+    for checkpointing in (False, True):
+        cfg = ModelConfig(path=path, enable_gradient_checkpointing=checkpointing, use_remove_padding=True)
+        policy = load_policy(path, cfg, torch.float32).train()
+        assert policy.hf_model.is_activation_checkpointing == checkpointing
+        ids, mask, vision = _batch(policy.hf_model, image_processor)
+        spec = policy.vision
+        positions = batch_position_ids(ids, mask, [v.get("image_grid_thw") for v in vision], spec.image_token_id,
+                                       spec.merge_size)
+        log_probs, _ = policy(ids, mask, positions, RESPONSE, vision_inputs=micro_batch_vision(vision, ids, spec))
+        log_probs.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-5)
+    assert compile_model(policy) == 2  # the two text layers of four blocks (two are the vision tower's)

@@ -271,7 +271,7 @@ class RLHFDataset:
         rows = np.asarray(good, dtype=np.int64)
         self._non_tensor: dict[str, np.ndarray] = {}
         image_key = self.config.image_key if self.images is not None else None
-        self._images = object_array(columns.get(image_key) or [None] * len(columns[self.config.prompt_key]))[rows]
+        self._images = object_array(columns[image_key])[rows] if image_key in columns else None
         for key, values in columns.items():
             if key not in (self.config.prompt_key, image_key):
                 self._non_tensor[key] = object_array(values)[rows]
@@ -356,8 +356,10 @@ class RLHFDataset:
 
     def _add_vision(self, idx: np.ndarray, tensors: dict[str, torch.Tensor], non_tensor: dict) -> None:
         """The rows' pixels (multi_modal_inputs) and M-RoPE position_ids [B, 4, T]."""
-        inputs = [checked_vision_inputs(self.images, row_images(self._images[i]), tensors["input_ids"][row],
-                                        self._where(self._origins[i])) for row, i in enumerate(idx.tolist())]
+        cells = self._images[idx] if self._images is not None else [None] * len(idx)
+        inputs = [checked_vision_inputs(self.images, row_images(cell), tensors["input_ids"][row],
+                                        self._where(self._origins[i])) for row, (i, cell) in
+                  enumerate(zip(idx.tolist(), cells))]
         grids = [x.get("image_grid_thw") for x in inputs]
         model = self.images.model
         tensors["position_ids"] = batch_position_ids(tensors["input_ids"], tensors["attention_mask"], grids,

@@ -79,7 +79,7 @@ def as_image_prompts(processor, tokenizer) -> ImagePrompts:
     if image_processor is None or image_token_id is None:
         raise ValueError(f"RLHFDataset: the processor {type(processor).__name__} has no image processor and image "
                          "token; pass verlx.data.vision_prompts.load_image_prompts(model_path, hf_config)")
-    spec = VisionLanguageModel("processor", int(image_token_id), int(image_processor.merge_size))
+    spec = VisionLanguageModel(type(processor).__name__, int(image_token_id), int(image_processor.merge_size))
     return ImagePrompts(image_processor, spec)
 
 
