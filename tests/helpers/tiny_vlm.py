@@ -35,9 +35,11 @@ def build_vl_tokenizer():
     return tok
 
 
-def save_tiny_qwen2_vl(path, seed: int = 0, tie_word_embeddings: bool = False) -> str:
-    """Qwen2VLForConditionalGeneration (text: 2 layers, hidden 64, GQA 4/2 heads; vision: 2 blocks of width 32),
-    its tokenizer (chat template with image parts) and image processor, and a generation config, in `path`."""
+def save_tiny_qwen2_vl(path, seed: int = 0, tie_word_embeddings: bool = False, text_shape: dict | None = None,
+                       vision_shape: dict | None = None, max_pixels: int = MAX_PIXELS, dtype=None) -> str:
+    """Qwen2VLForConditionalGeneration (text: 2 layers, hidden 64, GQA 4/2 heads; vision: 2 blocks of width 32, or
+    the given shapes), its tokenizer (chat template with image parts) and image processor (images resized to at
+    most `max_pixels`), and a generation config, in `path`."""
     import torch
     from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -51,13 +53,16 @@ def save_tiny_qwen2_vl(path, seed: int = 0, tie_word_embeddings: bool = False) -
                 rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
     vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=PATCH,
                   spatial_merge_size=MERGE, temporal_patch_size=2)
+    text.update(text_shape or {})
+    vision.update(vision_shape or {})
     config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
                            video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
                            vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(seed)
-    Qwen2VLForConditionalGeneration(config).save_pretrained(path)
+    model = Qwen2VLForConditionalGeneration(config)
+    (model.to(dtype) if dtype is not None else model).save_pretrained(path)
     tok.save_pretrained(path)
-    Qwen2VLImageProcessorPil(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}).save_pretrained(path)
+    Qwen2VLImageProcessorPil(size={"shortest_edge": MIN_PIXELS, "longest_edge": max_pixels}).save_pretrained(path)
     GenerationConfig(eos_token_id=[im_end, tok.eos_token_id], pad_token_id=tok.pad_token_id).save_pretrained(path)
     return str(path)
 

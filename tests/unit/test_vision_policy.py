@@ -168,3 +168,33 @@ def test_training_forward_with_activation_checkpointing_and_compiled_text_layers
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-5)
     assert compile_model(policy) == 2  # the two text layers of four blocks (two are the vision tower's)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_an_image_token_in_the_response_is_text(tiny_vl, packed):
+    """A policy may sample the image token; transformers' generate embeds it as text at a text position. The policy's
+    log-probs of such a response equal the logits generate saw for each forced token (one row, no padding)."""
+    model, image_processor = tiny_vl
+    spec = vision_language_model(model.config)
+    image = spec.image_token_id
+    vision = dict(image_processor(images=[random_image(56, 56, seed=3)], return_tensors="pt"))
+    prompt = torch.tensor([[3, 4] + [image] * 4 + [5, 6]])
+    response = torch.tensor([[20, image, 21, image, image]])
+    forced = response[0].tolist()
+    with torch.no_grad():
+        out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **vision,
+                             mm_token_type_ids=(prompt == image).int(), max_new_tokens=RESPONSE, do_sample=False,
+                             prefix_allowed_tokens_fn=lambda _, ids: [forced[len(ids) - prompt.shape[1]]],
+                             output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        assert out.sequences[0, prompt.shape[1]:].tolist() == forced
+        logits = torch.stack(out.logits, dim=1).float() / TEMPERATURE
+        reference = torch.log_softmax(logits, -1).gather(-1, response[..., None]).squeeze(-1)
+        ids = torch.cat([prompt, response], dim=1)
+        mask = torch.ones_like(ids)
+        positions = batch_position_ids(prompt, torch.ones_like(prompt), [vision["image_grid_thw"]], image,
+                                       spec.merge_size)
+        positions = torch.cat([positions, positions[..., -1:] + torch.arange(1, RESPONSE + 1)], dim=-1)
+        log_probs, _ = PolicyModel(model, packed=packed, vision=spec)(
+            ids, mask, positions, RESPONSE, temperature=TEMPERATURE,
+            vision_inputs=micro_batch_vision([vision], ids, spec, RESPONSE))
+    torch.testing.assert_close(log_probs, reference, rtol=0, atol=2e-5)

@@ -121,6 +121,13 @@ def pack_batch(
     )
 
 
+def pack_tokens(values: torch.Tensor, packed: PackedBatch, fill=0) -> torch.Tensor:
+    """[B, P + R] per-token values → [1, T] in the packed row's order (the pad tail holds `fill`)."""
+    out = values.new_full((packed.input_ids.shape[1],), fill)
+    out[: packed.num_real_tokens] = values.reshape(-1)[packed.token_index]
+    return out.unsqueeze(0)
+
+
 def scatter_responses(values: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
     """[N, ...] values of the real response tokens → [B, R, ...], zeros at padding (differentiable)."""
     batch, response = packed.response_shape

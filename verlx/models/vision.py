@@ -59,13 +59,22 @@ def checkpoint_model_type(path: str | None) -> str | None:
     return str(raw.get("model_type", "?")) if isinstance(raw, dict) and raw.get("vision_config") else None
 
 
-def micro_batch_vision(rows: np.ndarray | None, input_ids: torch.Tensor, spec: VisionLanguageModel
-                       ) -> dict[str, torch.Tensor] | None:
+def prompt_image_mask(input_ids: torch.Tensor, response_length: int, spec: VisionLanguageModel) -> torch.Tensor:
+    """[B, P + R] true at the prompt's image tokens. The response's are text: a policy may sample the image token
+    (transformers' generate and the rollout engines embed it as text), and it has no image behind it."""
+    mask = input_ids == spec.image_token_id
+    mask[:, input_ids.shape[1] - response_length:] = False
+    return mask
+
+
+def micro_batch_vision(rows: np.ndarray | None, input_ids: torch.Tensor, spec: VisionLanguageModel,
+                       response_length: int = 0) -> dict[str, torch.Tensor] | None:
     """The vision inputs of a micro-batch's rows (their `multi_modal_inputs`), concatenated in row order; None
-    when no row has an image. Checked on the host against the image tokens of `input_ids` (a host tensor), so a
-    row whose images and tokens disagree fails here, not as a shape error inside the model."""
+    when no row has an image. Checked on the host against the image tokens of the prompts of `input_ids` (a host
+    tensor, [B, P + response_length]), so a row whose images and tokens disagree fails here, not as a shape error
+    inside the model."""
     present = [row for row in (rows if rows is not None else []) if row and PIXEL_VALUES in row]
-    tokens = int((input_ids == spec.image_token_id).sum())
+    tokens = int((input_ids[:, :input_ids.shape[1] - response_length] == spec.image_token_id).sum())
     if not present:
         if tokens:
             raise ValueError(f"the micro-batch has {tokens} image tokens but no pixel_values (the batch column "
@@ -89,13 +98,15 @@ class VisionLanguageBody:
         self.spec = spec
         self.vision = vision
 
-    def __call__(self, input_ids, attention_mask, position_ids, use_cache: bool = False, **attention_kwargs) -> Any:
+    def __call__(self, input_ids, attention_mask, position_ids, use_cache: bool = False,
+                 image_mask: torch.Tensor | None = None, **attention_kwargs) -> Any:
+        """`image_mask`: the tokens that take the image features, in order (default: every image token)."""
         embeds = self.body.get_input_embeddings()(input_ids)
         if self.vision is not None:
             features = self.body.get_image_features(self.vision[PIXEL_VALUES], self.vision[IMAGE_GRID_THW],
                                                     return_dict=True).pooler_output
-            mask = (input_ids == self.spec.image_token_id).unsqueeze(-1)
-            embeds = embeds.masked_scatter(mask, torch.cat(features).to(embeds.dtype))
+            mask = input_ids == self.spec.image_token_id if image_mask is None else image_mask
+            embeds = embeds.masked_scatter(mask.unsqueeze(-1), torch.cat(features).to(embeds.dtype))
         mrope = position_ids[:, MROPE_AXES].transpose(0, 1)  # [3, B, T], the layout the text model takes
         return self.body.language_model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=mrope,
                                         use_cache=use_cache, **attention_kwargs)

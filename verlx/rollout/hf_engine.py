@@ -17,6 +17,7 @@ from verlx.models.vision import (
     PIXEL_VALUES,
     VisionLanguageBody,
     causal_lm_class,
+    prompt_image_mask,
     vision_language_model,
 )
 from verlx.rollout.base import RolloutContext, RolloutEngine, SamplingParams, mask_after_stop
@@ -133,16 +134,18 @@ class HFEngine(RolloutEngine):
         """log softmax(logits / T) of the sampled tokens, by one forward over prompt + response (chunked)."""
         ids = torch.cat([input_ids, responses], dim=1)
         mask = torch.cat([attention_mask, response_mask.to(attention_mask.dtype)], dim=1)
-        if self.vision is None:
-            decoder, position_ids = self.model.get_decoder(), (mask.cumsum(-1) - 1).clamp(min=0)
-        else:
-            grids = [v.get(IMAGE_GRID_THW) if v else None for v in (visions or [None] * len(ids))]
-            decoder = VisionLanguageBody(self.model, self.vision, vision or None)
-            position_ids = batch_position_ids(ids.cpu(), mask.cpu(), grids, self.vision.image_token_id,
-                                              self.vision.merge_size).to(ids.device)
-        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                         use_cache=False).last_hidden_state
         r = responses.shape[1]
+        if self.vision is None:
+            decoder, position_ids, extra = self.model.get_decoder(), (mask.cumsum(-1) - 1).clamp(min=0), {}
+        else:  # the prompt's M-RoPE positions, continued through the response as text (as the rollout batch has them)
+            grids = [v.get(IMAGE_GRID_THW) if v else None for v in (visions or [None] * len(ids))]
+            prompt = batch_position_ids(input_ids.cpu(), attention_mask.cpu(), grids, self.vision.image_token_id,
+                                        self.vision.merge_size)
+            position_ids = torch.cat([prompt, prompt[..., -1:] + torch.arange(1, r + 1)], dim=-1).to(ids.device)
+            decoder = VisionLanguageBody(self.model, self.vision, vision or None)
+            extra = {"image_mask": prompt_image_mask(ids, r, self.vision)}
+        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
+                         **extra).last_hidden_state
         temperature = params.temperature if params.temperature > 0 else 1.0
         weight = self.model.get_output_embeddings().weight
         log_probs, _ = chunked_log_probs(hidden[:, -r - 1:-1], weight, responses, temperature)

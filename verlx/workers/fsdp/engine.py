@@ -137,7 +137,7 @@ class FSDPEngine(TrainingEngine):
         extra = host_mask_kwargs(mb)
         if self.vision is not None:  # counted against the image tokens on the host, before the copy to the device
             extra["vision_inputs"] = micro_batch_vision(mb.non_tensor_batch.get(MULTI_MODAL_INPUTS),
-                                                        mb.batch["input_ids"], self.vision)
+                                                        mb.batch["input_ids"], self.vision, response_length)
         if head.kind == "values":
             return {"values": self.module(**inputs, response_length=response_length, **extra)}
         if head.kind == "response_hidden":
