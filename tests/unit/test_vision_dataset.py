@@ -124,3 +124,13 @@ def test_a_transformers_style_processor_is_read_for_its_image_half(tmp_path, vl_
     assert torch.equal(ours.batch["position_ids"], via.batch["position_ids"])
     assert torch.equal(ours.non_tensor_batch[MULTI_MODAL_INPUTS][0]["pixel_values"],
                        via.non_tensor_batch[MULTI_MODAL_INPUTS][0]["pixel_values"])
+
+
+def test_a_vision_language_model_without_its_image_processor_is_refused(tmp_path):
+    import os
+
+    path = save_tiny_qwen2_vl(tmp_path / "model")
+    os.remove(os.path.join(path, "preprocessor_config.json"))
+    with pytest.raises(DataError, match=r"actor_rollout_ref.model.path=.* is a vision-language model \(qwen2_vl\) but "
+                                        r"its image processor \(preprocessor_config.json\) could not be loaded"):
+        load_image_prompts(path, AutoConfig.from_pretrained(path))
