@@ -121,6 +121,8 @@ FAMILIES = (
     (r"profiler\.tool=", "profiler tools other than torch (nsys, npu)"),
     (r"in_pipeline_split", "megatron's uneven pipeline split"),
     (r"veRL's own classes", "veRL's own classes (tools, agent loops, reward managers)"),
+    (r"needs a rollout engine that takes image inputs", "image input of the rollout engine (vision-language models on "
+     "vLLM, SGLang or native)"),
 )
 
 

@@ -8,12 +8,30 @@ per row. tests/unit/test_batch_columns.py fails when code indexes a batch with a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # ---------------------------------------------------------------------- the model's inputs (prompt + response)
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 POSITION_IDS = "position_ids"
 #: what every forward pass reads
 MODEL_INPUTS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)
+#: a vision-language row's vision inputs (non-tensor: a dict of pixel_values and image_grid_thw per row, empty
+#: without image; verlx.models.vision), carried wherever MODEL_INPUTS go
+MULTI_MODAL_INPUTS = "multi_modal_inputs"
+NON_TENSOR_MODEL_INPUTS = (MULTI_MODAL_INPUTS,)
+
+
+def non_tensor_inputs(non_tensor_batch: Mapping) -> list[str]:
+    """The non-tensor model inputs a batch has (its `non_tensor_batch`): select them along with MODEL_INPUTS."""
+    return [key for key in NON_TENSOR_MODEL_INPUTS if key in non_tensor_batch]
+
+
+def select_inputs(batch, keys):
+    """A DataProto's tensors `keys` with the non-tensor model inputs it has, without meta_info: what a phase that
+    runs the model sends to the workers."""
+    return batch.select(list(keys), non_tensor_inputs(batch.non_tensor_batch), [])
+
 
 # ---------------------------------------------------------------------- rollout (rollout/base.py: the shared layout)
 PROMPTS = "prompts"
@@ -60,7 +78,9 @@ REWARD_STATUS = "reward_status"
 COLUMNS = {
     INPUT_IDS: "prompt (left-padded) + response token ids [B, T]",
     ATTENTION_MASK: "1 for real tokens of input_ids [B, T]",
-    POSITION_IDS: "positions of input_ids [B, T]",
+    POSITION_IDS: "positions of input_ids [B, T]; [B, 4, T] for a vision-language model (text, then M-RoPE's "
+                  "time, height and width axes)",
+    MULTI_MODAL_INPUTS: "a vision-language row's pixel_values and image_grid_thw (non-tensor dict)",
     PROMPTS: "the left-padded prompt ids [B, P]",
     RESPONSES: "generated ids, right-padded [B, R]",
     RESPONSE_MASK: "1 for generated tokens up to and including the stop token [B, R]",

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 
 import yaml
 
@@ -64,6 +65,17 @@ class Fixtures:
     data_file: str
     model_dir: str
     reward_file: str
+    #: stand-ins of vision-language checkpoints by model_type (VISION_STAND_INS)
+    vision_model_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def model_for(self, path: str | None) -> str:
+        """The stand-in of the model a command names: a vision-language one of the family its name says, else the
+        text model."""
+        name = os.path.basename(str(path or "").rstrip("/")).lower()
+        for pattern, model_type in VISION_STAND_INS.items():
+            if re.search(pattern, name) and model_type in self.vision_model_dirs:
+                return self.vision_model_dirs[model_type]
+        return self.model_dir
 
 
 def command_from_line(label: str, module: str, argv: list[str], root: str) -> Command:
@@ -159,7 +171,7 @@ def point_ppo_paths_at(cfg, fixtures: Fixtures) -> None:
     d, model = cfg.data, cfg.actor_rollout_ref.model
     d.train_files = fixtures.data_file
     d.val_files = None if d.val_files is None else fixtures.data_file
-    model.path = fixtures.model_dir
+    model.path = fixtures.model_for(model.path)
     model.tokenizer_path = None if model.tokenizer_path is None else fixtures.model_dir
     if cfg.critic.model.path is not None:
         cfg.critic.model.path = fixtures.model_dir
@@ -258,6 +270,25 @@ def shaped_model_dir(path: str) -> str:
     return path
 
 
+# Hub names of vision-language checkpoints → the model_type of their stand-in (a config.json with a vision_config,
+# which is what the preflight reads to tell a vision-language model). Qwen3.5's checkpoints are vision-language ones.
+VISION_STAND_INS = {r"qwen2\.5-vl|qwen2_5_vl": "qwen2_5_vl", r"qwen2-vl|qwen2_vl": "qwen2_vl",
+                    r"qwen3-vl|qwen3_vl": "qwen3_vl", r"glm-4\.1v|glm4v": "glm4v", r"kimi-vl": "kimi_vl",
+                    r"minicpm-[ov]": "minicpmo", r"qwen3\.5|qwen3_5": "qwen3_5"}
+
+
+def vision_stand_in(path: str, model_type: str) -> str:
+    """The text stand-in's files with a vision-language config.json: `model_type`, its shape as text_config."""
+    shaped_model_dir(path)
+    with open(os.path.join(path, "config.json")) as f:
+        text = json.load(f)
+    config = {"model_type": model_type, "architectures": [f"{model_type}_stand_in"], "text_config": text,
+              "vision_config": {"depth": 2, "spatial_merge_size": 2}, "image_token_id": 1}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
 def make_fixtures(directory: str) -> Fixtures:
     """A tiny model, a parquet file in veRL's RL schema and a reward-function file, under `directory`."""
     import pyarrow as pa
@@ -274,4 +305,5 @@ def make_fixtures(directory: str) -> Fixtures:
     reward_file = os.path.join(directory, "reward.py")
     with open(reward_file, "w") as f:
         f.write("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
-    return Fixtures(home, data_file, model_dir, reward_file)
+    vision = {t: vision_stand_in(os.path.join(directory, f"model_{t}"), t) for t in set(VISION_STAND_INS.values())}
+    return Fixtures(home, data_file, model_dir, reward_file, vision)

@@ -164,3 +164,29 @@ def test_arithmetic_sizes(tmp_path):
         script.main(
             ["--local_save_dir", str(tmp_path), "--max_operand", "9", "--test_size", "90", "--train_size", "11"]
         )
+
+
+def test_geo3k_rows_in_verl_vision_schema(tmp_path):
+    """geo3k.py on rows in the hub's layout (images, problem, answer): veRL's row schema, images kept as they are;
+    a problem whose <image> placeholders do not match its images is refused naming the file and row."""
+    from verlx.config.loader import DataError
+    from verlx.data import write_parquet_atomic
+
+    image = {"bytes": b"\x89PNG fake", "path": None}
+    raw = tmp_path / "raw"
+    write_parquet_atomic([{"images": [image], "problem": "<image>Find x.", "answer": "3"}],
+                         raw / "data" / "train-00000-of-00001.parquet")
+    write_parquet_atomic([{"images": [image, image], "problem": "<image>Compare.", "answer": "2"}],
+                         raw / "data" / "test-00000-of-00001.parquet")
+    script = load_script("geo3k")
+    with pytest.raises(DataError, match=r"test-00000-of-00001.parquet row 0: the problem has 1 <image> "
+                                        "placeholders for 2 images"):
+        script.main(["--local_dataset_path", str(raw), "--local_save_dir", str(tmp_path / "out")])
+    write_parquet_atomic([{"images": [image], "problem": "Compare <image>.", "answer": "2"}],
+                         raw / "data" / "test-00000-of-00001.parquet")
+    written = script.main(["--local_dataset_path", str(raw), "--local_save_dir", str(tmp_path / "out")])
+    (row,) = pq.read_table(written["train"]).to_pylist()
+    assert row["data_source"] == "hiyouga/geometry3k" and row["images"] == [image]
+    assert row["prompt"] == [{"role": "user", "content": "<image>Find x. " + script.INSTRUCTION}]
+    assert row["reward_model"] == {"style": "rule", "ground_truth": "3"}
+    assert row["extra_info"] == {"split": "train", "index": 0, "answer": "3", "question": "<image>Find x."}

@@ -66,11 +66,11 @@ def test_the_corpus_covers_every_entry_point_and_both_outcomes():
 
 def test_a_refused_command_exits_2_with_the_message_and_no_traceback(tmp_path):
     """As a user runs it: the real entry point, `verl` replaced by `verlx` (--cfg job: nothing starts)."""
-    module, argv = module_and_argv(CORPUS["vision_language_data"]["line"])
+    module, argv = module_and_argv(CORPUS["ascend_npu"]["line"])
     argv = [a.replace("{HOME}", str(tmp_path)) for a in argv]
     result = run_module([*argv, "--cfg", "job"], module=module.replace("verl.", "verlx.", 1), cwd=DATA_DIR,
                         timeout=120)
     assert result.returncode == 2, result.stderr
     assert_no_traceback(result)
-    assert "data.image_key='images' (set at command line: 'data.image_key=images'): verlx does not support " \
-           "vision-language models" in result.stderr
+    assert "trainer.device='npu' (set at command line: 'trainer.device=npu'): verlx does not support Ascend NPUs" \
+           in result.stderr

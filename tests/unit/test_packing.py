@@ -101,14 +101,27 @@ def test_unpack_round_trip_and_scatter():
     assert grid.tolist() == [[1, 2, 0, 0], [3, 4, 5, 6], [7, 0, 0, 0]]
 
 
-def test_pack_rejects_rows_without_prompt_and_multi_axis_positions():
+def test_pack_rejects_rows_without_prompt_and_misshapen_positions():
     ids, mask, pos = _layout()
     bad = mask.clone()
     bad[2, :P] = 0
     with pytest.raises(ValueError, match=r"rows \[2\] have no prompt token"):
         pack_batch(ids, bad, pos, R)
-    with pytest.raises(ValueError, match="multi-axis rotary"):
-        pack_batch(ids, mask, pos.unsqueeze(1).expand(3, 3, 9), R)
+    with pytest.raises(ValueError, match=r"position_ids of shape \[batch, seq\] \(3, 9\) or \[batch, axes, seq\]"):
+        pack_batch(ids, mask, pos[:, :8], R)
+
+
+def test_pack_multi_axis_positions_axis_by_axis():
+    """[B, C, T] positions (a vision-language batch's text and M-RoPE axes) pack to [1, C, T_packed]: each axis as
+    a [B, T] one would, the pad tail counting from 0 on every axis."""
+    ids, mask, pos = _layout()
+    axes = torch.stack([pos, pos * 10, pos * 100], dim=1)
+    packed = pack_batch(ids, mask, axes, R, pad_multiple=3)
+    assert packed.position_ids.shape == (1, 3, 18)
+    single = pack_batch(ids, mask, pos, R, pad_multiple=3).position_ids[0]
+    assert single.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 0, 1]
+    assert packed.position_ids[0].tolist() == [single.tolist(), (single[:16] * 10).tolist() + [0, 1],
+                                               (single[:16] * 100).tolist() + [0, 1]]
 
 
 # ------------------------------------------------------------------------------------------- models

@@ -132,12 +132,24 @@ def test_registry_routes_by_data_source():
         "lighteval/MATH",
         "DigitalLearningGmbH/MATH-lighteval",
         "HuggingFaceH4/MATH-500",
+        "hiyouga/geometry3k",
     }
     assert default_compute_score("openai/gsm8k", "#### 18.0", "18") == 1.0
     assert default_compute_score("arithmetic", " #### 167", "167") == 1.0
     assert default_compute_score("arithmetic", "167", "167") == 0.0  # strict: needs "#### "
     for source in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"):
         assert default_compute_score(source, "\\boxed{\\frac12}", "0.5") == 1.0
+
+
+@pytest.mark.parametrize("response, truth, score", [
+    ("<think>angles add up</think> so x = \\boxed{3}", "3", 1.0),      # right, in the format
+    ("x = \\boxed{3}", "3", 0.9),                                      # right, no <think> block
+    ("<think>a</think>\\boxed{\\frac{1}{2}}", "0.5", 1.0),             # MATH normalisation of the answer
+    ("<think>a</think>\\boxed{4}", "3", 0.1),                          # wrong, in the format
+    ("the answer is 3", "3", 0.0),                                      # no box: neither
+])
+def test_geo3k_score_weighs_accuracy_and_format(response, truth, score):
+    assert default_compute_score("hiyouga/geometry3k", response, truth) == pytest.approx(score)
 
 
 def test_unknown_data_source_points_to_custom_reward_function():

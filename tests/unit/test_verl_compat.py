@@ -103,9 +103,9 @@ def test_an_ignored_key_is_dropped_with_a_warning_saying_why(caplog):
 
 def test_a_refused_key_names_the_missing_feature_and_the_override():
     with pytest.raises(ConfigError) as e:
-        ppo(["data.image_key=images", "trainer.nnodes=1"])
-    assert ("data.image_key='images' (set at command line: 'data.image_key=images'): verlx does not support "
-            "vision-language models (image, video and audio inputs) yet") in str(e.value)
+        ppo(["data.video_key=clips", "trainer.nnodes=1"])
+    assert ("data.video_key='clips' (set at command line: 'data.video_key=clips'): verlx does not support "
+            "video inputs of vision-language models yet") in str(e.value)
 
 
 def test_a_refused_key_that_asks_for_nothing_is_accepted_with_a_warning(caplog):

@@ -58,6 +58,7 @@ class ActorConfig:
     entropy_from_logits_with_chunking: bool = False
     use_torch_compile: bool = True
     logprob_chunk_size: int = 4096
+    freeze_vision_tower: bool = False
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

@@ -34,6 +34,7 @@ class DataConfig:
     val_max_samples: int = -1
     prompt_key: str = "prompt"
     reward_fn_key: str = "data_source"
+    image_key: str | None = "images"
     max_prompt_length: int = 512
     max_response_length: int = 512
     train_batch_size: int = 1024

@@ -1,7 +1,8 @@
 """data.custom_cls: a Dataset class of your own (veRL's keys and constructor).
 
 The class (data.custom_cls.name in the file data.custom_cls.path) is constructed as veRL constructs its datasets:
-cls(data_files=<train or val files>, tokenizer=<the actor's>, processor=None, config=<the data section, read-only
+cls(data_files=<train or val files>, tokenizer=<the actor's>, processor=<a vision-language model's, else None>,
+config=<the data section, read-only
 OmegaConf>, max_samples=<train/val_max_samples>). It subclasses torch.utils.data.Dataset (as veRL requires) or
 verlx's RLHFDataset (whose constructor takes those arguments too and whose batches are used as they are).
 
@@ -51,13 +52,13 @@ def custom_dataset_class(data_config) -> type:
     return cls
 
 
-def build_dataset(data_config, files, tokenizer, max_samples: int):
+def build_dataset(data_config, files, tokenizer, max_samples: int, processor=None):
     """The dataset of `files`: verlx's RLHFDataset, or data.custom_cls (batched by UserDataset unless it is an
-    RLHFDataset)."""
+    RLHFDataset); `processor`: a vision-language model's, or None."""
     if not data_config.custom_cls.path:
-        return RLHFDataset(files, tokenizer, data_config, max_samples)
+        return RLHFDataset(files, tokenizer, data_config, max_samples, processor=processor)
     cls = custom_dataset_class(data_config)
-    dataset = cls(data_files=files, tokenizer=tokenizer, processor=None, config=data_view(data_config),
+    dataset = cls(data_files=files, tokenizer=tokenizer, processor=processor, config=data_view(data_config),
                   max_samples=max_samples)
     return dataset if isinstance(dataset, RLHFDataset) else UserDataset(dataset, tokenizer, data_config)
 

@@ -83,12 +83,13 @@ def build_val_dataloader(dataset: RLHFDataset, batch_size: int | None, shuffle: 
     return PromptDataLoader(dataset, size, StatefulSampler(len(dataset), shuffle, seed), drop_last=False)
 
 
-def build_dataloaders(config, tokenizer) -> tuple[PromptDataLoader, PromptDataLoader | None]:
+def build_dataloaders(config, tokenizer, processor=None) -> tuple[PromptDataLoader, PromptDataLoader | None]:
     """Training and validation loaders of a PPOConfig (validation None when data.val_files is null). Training
-    batches are data.gen_batch_size prompts (null: train_batch_size), in data.sampler's order when one is named."""
+    batches are data.gen_batch_size prompts (null: train_batch_size), in data.sampler's order when one is named.
+    `processor`: a vision-language model's (data/vision_prompts.py), None for a text model."""
     data = config.data
     seed = data.seed if data.seed is not None else config.trainer.seed
-    train = build_dataset(data, data.train_files, tokenizer, data.train_max_samples)
+    train = build_dataset(data, data.train_files, tokenizer, data.train_max_samples, processor)
     batch_size, batch_key = ((data.gen_batch_size, "data.gen_batch_size") if data.gen_batch_size is not None
                              else (data.train_batch_size, "data.train_batch_size"))
     sampler = (build_user_sampler(data, train, data_view(data)) if data.sampler.class_path
@@ -96,5 +97,5 @@ def build_dataloaders(config, tokenizer) -> tuple[PromptDataLoader, PromptDataLo
     train_loader = PromptDataLoader(train, batch_size, sampler, drop_last=True, batch_key=batch_key)
     if data.val_files is None:
         return train_loader, None
-    val = build_dataset(data, data.val_files, tokenizer, data.val_max_samples)
+    val = build_dataset(data, data.val_files, tokenizer, data.val_max_samples, processor)
     return train_loader, build_val_dataloader(val, data.val_batch_size, data.validation_shuffle, seed)

@@ -4,6 +4,10 @@ A row of the files: `prompt` (data.prompt_key: a list of {role, content} message
 (data.reward_fn_key), `reward_model` ({"style", "ground_truth"}), `extra_info` (dict), `ability`, and any other
 columns, which are passed through. All prompts are rendered and tokenised in one batched call at load (fast
 tokenizers encode batches in Rust), stored as one flat token array, and left-padded per batch on the fly.
+
+With a vision-language model's processor, a row's images (data.image_key) go where its `<image>` placeholders are
+(data/vision_prompts.py); a batch then carries their pixels in `multi_modal_inputs` and M-RoPE position_ids
+[B, 4, T] (models/mrope.py).
 """
 
 from __future__ import annotations
@@ -20,9 +24,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from verlx.batch_columns import MULTI_MODAL_INPUTS
 from verlx.config.loader import DataError
 from verlx.config.run import DataConfig
 from verlx.data.parquet import read_parquet_columns
+from verlx.data.vision_prompts import (
+    as_image_prompts,
+    checked_row_images,
+    checked_vision_inputs,
+    expand_image_tokens,
+    row_images,
+)
+from verlx.models.mrope import batch_position_ids
 from verlx.protocol import DataProto
 from verlx.utils.paths import expand_path
 from verlx.utils.registry import Registry
@@ -92,10 +105,9 @@ class RLHFDataset:
 
     def __init__(self, data_files: str | Sequence[str], tokenizer, config: DataConfig, max_samples: int = -1, *,
                  processor=None):
-        """veRL's constructor: `data_files`, `tokenizer`, `config` (the data section), `max_samples`; `processor`
-        (veRL's multimodal processor) must be None: verlx has no vision-language models."""
-        if processor is not None:
-            raise ValueError("RLHFDataset: a multimodal processor was given, but verlx supports text models only")
+        """veRL's constructor: `data_files`, `tokenizer`, `config` (the data section), `max_samples`; `processor`:
+        a vision-language model's (data/vision_prompts.py), None for a text model."""
+        self.images = as_image_prompts(processor, tokenizer) if processor is not None else None
         files = data_files
         self.files = [expand_path(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
         self.tokenizer = tokenizer
@@ -165,8 +177,14 @@ class RLHFDataset:
                     "data.skip_bad_rows=true to skip such rows (they are counted and reported)."
                 )
             self.skipped.append(SkippedRow(file, row, f"{kind}: {detail}"))
-        texts, ids = self._tokenize([prompts[i] for i in good])
-        good, texts, ids = self._fit_length(good, texts, ids, origins)
+        conversations = [prompts[i] for i in good]
+        image_counts = self._image_conversations(columns, good, origins, conversations)
+        texts, ids = self._tokenize(conversations)
+        if image_counts is not None:
+            token = self.images.model.image_token_id
+            ids = [expand_image_tokens(x, counts, token, self._where(origins[i]))
+                   for x, counts, i in zip(ids, image_counts, good)]
+        good, texts, ids = self._fit_length(good, texts, ids, origins, image_counts)
         if not good:
             raise DataError(
                 f"no usable prompts in {self.files}: {self.num_skipped} bad rows skipped, {self.num_filtered} "
@@ -175,6 +193,32 @@ class RLHFDataset:
         self._store(columns, good, texts, ids)
         self._origins = [origins[i] for i in good]
         self._report(len(origins))
+
+    def _where(self, origin: tuple[str, int]) -> str:
+        return f"{origin[0]} row {origin[1]} (column '{self.config.image_key}', data.image_key)"
+
+    def _image_conversations(self, columns: dict[str, list], good: list[int], origins, conversations: list
+                             ) -> list[list[int]] | None:
+        """Vision-language model: each row's messages with image parts (in place) and its images' token counts;
+        None for a text model, which refuses rows with images."""
+        cells = columns.get(self.config.image_key) if self.config.image_key else None
+        if self.images is None:
+            for i in good if cells is not None else []:
+                if row_images(cells[i]):
+                    raise DataError(f"{self._where(origins[i])}: the row has images, but the model is not a "
+                                    "vision-language model (it has no image processor); use a vision-language model "
+                                    "(Qwen2-VL, Qwen2.5-VL) or drop the column")
+            return None
+        videos = columns.get("videos")
+        counts = []
+        for j, i in enumerate(good):
+            if videos is not None and row_images(videos[i]):
+                raise DataError(f"{origins[i][0]} row {origins[i][1]}: column 'videos' has videos; verlx does not "
+                                "support video inputs yet")
+            conversations[j], sizes = checked_row_images(cells[i] if cells is not None else None, conversations[j],
+                                                         self._where(origins[i]))
+            counts.append([self.images.tokens_per_image(h, w) for h, w in sizes])
+        return counts
 
     def _tokenize(self, conversations: list) -> tuple[list[str], list[list[int]]]:
         kwargs = dict(self.config.apply_chat_template_kwargs or {})
@@ -187,8 +231,9 @@ class RLHFDataset:
             parts = list(pool.map(render_and_tokenize, [self.tokenizer] * workers, shards, [kwargs] * workers))
         return [t for p in parts for t in p[0]], [x for p in parts for x in p[1]]
 
-    def _fit_length(self, good: list[int], texts: list[str], ids: list[list[int]], origins):
-        """Drop (filter_overlong_prompts), truncate (truncation=left/right/middle) or refuse too-long prompts."""
+    def _fit_length(self, good: list[int], texts: list[str], ids: list[list[int]], origins, image_counts=None):
+        """Drop (filter_overlong_prompts), truncate (truncation=left/right/middle) or refuse too-long prompts; a
+        prompt with images is never truncated (its image tokens would no longer match its images)."""
         limit = self.max_prompt_length
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         over = np.flatnonzero(lengths > limit)
@@ -205,6 +250,14 @@ class RLHFDataset:
                 f"{limit} ({len(over)} prompts are). Raise data.max_prompt_length, set data.filter_overlong_prompts="
                 "true to drop them, or set data.truncation to left, right or middle."
             )
+        with_images = [i for i in over if image_counts is not None and image_counts[i]]
+        if with_images:
+            file, row = origins[good[with_images[0]]]
+            raise DataError(
+                f"{file} row {row}: the prompt with images is {lengths[with_images[0]]} tokens, longer than "
+                f"data.max_prompt_length={limit}, and truncating it would cut its image tokens; raise "
+                "data.max_prompt_length or set data.filter_overlong_prompts=true to drop such prompts."
+            )
         truncate = PROMPT_TRUNCATIONS.get(self.config.truncation)
         for i in over:
             ids[i] = truncate(ids[i], limit)
@@ -217,8 +270,10 @@ class RLHFDataset:
         self._flat = np.fromiter((t for row in ids for t in row), dtype=np.int64, count=int(self._lengths.sum()))
         rows = np.asarray(good, dtype=np.int64)
         self._non_tensor: dict[str, np.ndarray] = {}
+        image_key = self.config.image_key if self.images is not None else None
+        self._images = object_array(columns[image_key])[rows] if image_key in columns else None
         for key, values in columns.items():
-            if key != self.config.prompt_key:
+            if key not in (self.config.prompt_key, image_key):
                 self._non_tensor[key] = object_array(values)[rows]
         self._non_tensor["index"] = rows
         if self.config.return_raw_chat:
@@ -293,8 +348,23 @@ class RLHFDataset:
             raw_prompt_ids.append(tokens.tolist())
         non_tensor = {k: v[idx] for k, v in self._non_tensor.items()}
         non_tensor["raw_prompt_ids"] = object_array(raw_prompt_ids)
-        tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        return DataProto({k: torch.from_numpy(v) for k, v in tensors.items()}, non_tensor)
+        tensors = {k: torch.from_numpy(v) for k, v in
+                   {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}.items()}
+        if self.images is not None:
+            self._add_vision(idx, tensors, non_tensor)
+        return DataProto(tensors, non_tensor)
+
+    def _add_vision(self, idx: np.ndarray, tensors: dict[str, torch.Tensor], non_tensor: dict) -> None:
+        """The rows' pixels (multi_modal_inputs) and M-RoPE position_ids [B, 4, T]."""
+        cells = self._images[idx] if self._images is not None else [None] * len(idx)
+        inputs = [checked_vision_inputs(self.images, row_images(cell), tensors["input_ids"][row],
+                                        self._where(self._origins[i])) for row, (i, cell) in
+                  enumerate(zip(idx.tolist(), cells))]
+        grids = [x.get("image_grid_thw") for x in inputs]
+        model = self.images.model
+        tensors["position_ids"] = batch_position_ids(tensors["input_ids"], tensors["attention_mask"], grids,
+                                                     model.image_token_id, model.merge_size)
+        non_tensor[MULTI_MODAL_INPUTS] = object_array(inputs)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         n = len(self)

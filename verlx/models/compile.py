@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from verlx.models.policy import PolicyModel, decoder_layers
+from verlx.models.vision import vision_tower
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +67,14 @@ def _layer_forward(layer: nn.Module, forward, checkpointing: bool, *args, **kwar
 def compile_model(model: nn.Module) -> int:
     """Compile every decoder layer of a PolicyModel / ValueModel in place (before FSDP); returns the layer count.
 
-    A PolicyModel also switches its log-prob chunks to the compiled kernels.
+    A PolicyModel also switches its log-prob chunks to the compiled kernels. A vision-language model's vision blocks
+    stay eager: every set of image sizes is another shape, which would compile again.
     """
     inner = model.hf_model if isinstance(model, PolicyModel) else model.decoder
     layers = decoder_layers(inner)
+    if isinstance(model, PolicyModel) and model.vision is not None:
+        tower = set(vision_tower(inner).modules())
+        layers = [layer for layer in layers if layer not in tower]
     for layer in layers:
         checkpointing = bool(getattr(layer, "gradient_checkpointing", False))
         if checkpointing:

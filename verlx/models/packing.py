@@ -2,7 +2,8 @@
 
 The rollout layout is a left-padded prompt and a right-padded response, [B, P + R]. Packing keeps only the tokens
 whose attention_mask is 1, concatenated into [1, T] (T = Σ real lengths, rounded up to a multiple of
-`pad_multiple` for sequence parallelism), with each sequence's own position ids; attention then needs the
+`pad_multiple` for sequence parallelism), with each sequence's own position ids ([1, C, T] for the C position axes
+of a vision-language batch's [B, C, P + R]); attention then needs the
 sequence boundaries (`cu_seqlens`) instead of a mask. Log-probs are needed at response positions only: the
 hidden state of packed token j predicts token j + 1, so `predictor_index` lists the j whose next token is a
 real response token, and `scatter_responses` puts per-response-token values back into [B, R].
@@ -18,7 +19,7 @@ import torch
 @dataclass(frozen=True)
 class PackedBatch:
     input_ids: torch.Tensor  # [1, T] real tokens of every sequence, then `T - num_real_tokens` pad tokens
-    position_ids: torch.Tensor  # [1, T] each sequence's own positions (the pad tail counts from 0)
+    position_ids: torch.Tensor  # [1, T] (or [1, C, T]) each sequence's own positions (the pad tail counts from 0)
     cu_seqlens: torch.Tensor  # int32 [S + 1] boundaries; the pad tail, if any, is its own last segment
     cu_seqlens_host: torch.Tensor  # the same boundaries on the CPU (kernels read host lengths from it, no sync)
     seq_lens: tuple[int, ...]  # host copy of the S segment lengths (for kernels that need them on the host)
@@ -66,11 +67,10 @@ def pack_batch(
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"pack_batch expects input_ids and attention_mask of one shape [batch, seq]; got "
                          f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
-    if position_ids.shape != input_ids.shape:
-        raise ValueError(f"pack_batch supports position_ids of shape [batch, seq] {tuple(input_ids.shape)} only; got "
-                         f"{tuple(position_ids.shape)} (multi-axis rotary positions are not supported with "
-                         "use_remove_padding; turn it off for this model)")
     batch, seq = input_ids.shape
+    if position_ids.dim() not in (2, 3) or (position_ids.shape[0], position_ids.shape[-1]) != (batch, seq):
+        raise ValueError(f"pack_batch takes position_ids of shape [batch, seq] {tuple(input_ids.shape)} or [batch, "
+                         f"axes, seq] (multi-axis rotary positions); got {tuple(position_ids.shape)}")
     if not 0 < response_length < seq:
         raise ValueError(f"response_length={response_length} must be in (0, {seq}) for inputs of length {seq}")
     if host_mask is not None and (host_mask.shape != attention_mask.shape or host_mask.device.type != "cpu"):
@@ -101,8 +101,10 @@ def pack_batch(
                                                  for t in (token_index, response_index, target_index))
     packed_ids = torch.full((total,), pad_token_id, dtype=input_ids.dtype, device=device)
     packed_ids[:real] = input_ids.reshape(-1)[token_index]
-    packed_pos = torch.arange(total, device=device, dtype=position_ids.dtype) - real
-    packed_pos[:real] = position_ids.reshape(-1)[token_index]
+    flat_pos = position_ids.movedim(0, -2).flatten(-2)  # [B * (P + R)], or [C, B * (P + R)]
+    tail_pos = torch.arange(total, device=device, dtype=position_ids.dtype) - real
+    packed_pos = tail_pos.expand(*flat_pos.shape[:-1], total).clone()
+    packed_pos[..., :real] = flat_pos[..., token_index]
     return PackedBatch(
         input_ids=packed_ids.unsqueeze(0),
         position_ids=packed_pos.unsqueeze(0),
@@ -117,6 +119,13 @@ def pack_batch(
         response_index=response_index,
         response_shape=(batch, response_length),
     )
+
+
+def pack_tokens(values: torch.Tensor, packed: PackedBatch, fill=0) -> torch.Tensor:
+    """[B, P + R] per-token values → [1, T] in the packed row's order (the pad tail holds `fill`)."""
+    out = values.new_full((packed.input_ids.shape[1],), fill)
+    out[: packed.num_real_tokens] = values.reshape(-1)[packed.token_index]
+    return out.unsqueeze(0)
 
 
 def scatter_responses(values: torch.Tensor, packed: PackedBatch) -> torch.Tensor:

@@ -11,7 +11,8 @@ from torch import nn
 
 from verlx.models.attention import packed_attention_kwargs, prepared_packed_mask, use_packed_attention
 from verlx.models.chunked_logprob import chunked_full_kl, chunked_log_probs, chunked_sum_pi_squared
-from verlx.models.packing import HostCopy, ResponseRows, pack_batch
+from verlx.models.packing import HostCopy, ResponseRows, pack_batch, pack_tokens
+from verlx.models.vision import VisionLanguageBody, VisionLanguageModel, prompt_image_mask
 
 
 def decoder_layers(hf_model: nn.Module) -> list[nn.Module]:
@@ -38,22 +39,28 @@ def packed_decoder_forward(decoder: nn.Module, input_ids, position_ids, **attent
 
 
 def response_rows(decoder: nn.Module, input_ids, attention_mask, position_ids, response_length: int, packed: bool,
-                  sp_group=None, host_mask: HostCopy | None = None) -> ResponseRows:
+                  sp_group=None, host_mask: HostCopy | None = None,
+                  token_inputs: dict[str, torch.Tensor] | None = None) -> ResponseRows:
     """Run the decoder and pick the hidden states that predict the response tokens (padded or packed); packing
-    reads `host_mask` (the attention mask's host copy), when given, instead of copying the device mask back."""
+    reads `host_mask` (the attention mask's host copy), when given, instead of copying the device mask back.
+    `token_inputs`: more [B, P + R] per-token inputs of the decoder (keyword arguments), packed like the tokens."""
+    token_inputs = token_inputs or {}
     if not packed:
-        hidden = _decoder_forward(decoder, input_ids, attention_mask, position_ids)
+        hidden = _decoder_forward(decoder, input_ids, attention_mask, position_ids, **token_inputs)
         # the hidden state at position t predicts token t+1: the last response_length+1 positions but one
         return ResponseRows.padded(hidden[:, -response_length - 1 : -1], input_ids[:, -response_length:])
     sp = torch.distributed.get_world_size(sp_group) if sp_group is not None else 1
     batch = pack_batch(input_ids, attention_mask, position_ids, response_length, pad_multiple=sp,
                        host_mask=host_mask.tensor if host_mask is not None else None)
     ids, pos = batch.input_ids, batch.position_ids
+    per_token = {name: pack_tokens(values, batch) for name, values in token_inputs.items()}
     if sp > 1:
         local = ids.shape[1] // sp
         start = torch.distributed.get_rank(sp_group) * local
-        ids, pos = ids[:, start : start + local], pos[:, start : start + local]
+        ids, pos = ids[:, start : start + local], pos[..., start : start + local]
+        per_token = {name: values[:, start : start + local] for name, values in per_token.items()}
     kwargs = packed_attention_kwargs(batch.cu_seqlens, batch.cu_seqlens_host, sp_group if sp > 1 else None)
+    kwargs.update(per_token)
     hidden = packed_decoder_forward(decoder, ids, pos, **kwargs)
     return ResponseRows.packed(hidden[0], batch, sp_group if sp > 1 else None)
 
@@ -63,15 +70,21 @@ class PolicyModel(nn.Module):
 
     packed=True runs the decoder on the micro-batch's real tokens only (remove-padding, `verlx.models.packing`),
     optionally split over a Ulysses sequence-parallel group; inputs and outputs keep the padded layout.
+    A vision-language model (`vision`) takes position_ids [B, 4, T] (verlx.models.mrope) and each call's
+    `vision_inputs` (verlx.models.vision.micro_batch_vision).
     """
 
-    def __init__(self, hf_model: nn.Module, packed: bool = False, sp_group=None):
+    def __init__(self, hf_model: nn.Module, packed: bool = False, sp_group=None,
+                 vision: VisionLanguageModel | None = None):
         super().__init__()
         if sp_group is not None and not packed:
             raise ValueError("Ulysses sequence parallelism needs packed sequences (use_remove_padding=True)")
+        if sp_group is not None and vision is not None:
+            raise ValueError("Ulysses sequence parallelism does not support vision-language models yet")
         self.hf_model = hf_model
         self.packed = packed
         self.sp_group = sp_group
+        self.vision = vision
         self.compiled = False  # verlx.models.compile.compile_model sets it: fused log-prob chunks too
         if packed:
             use_packed_attention(hf_model)
@@ -93,14 +106,19 @@ class PolicyModel(nn.Module):
         return_response_hidden: bool = False,
         with_sum_pi_squared: bool = False,
         host_mask: HostCopy | None = None,
+        vision_inputs: dict[str, torch.Tensor] | None = None,
     ):
         """(log_probs, entropy) of the response tokens, [B, R] each; plus the exact per-token KL to `kl_reference`
         (the reference's response hidden states [B, R, H] and output weight) when given; plus, last, sum_v pi_v^2
         per token (no gradient) with with_sum_pi_squared. With return_response_hidden, returns instead this model's
         (response hidden states [B, R, H], output weight), detached copies, for use as another model's
         kl_reference. Packed: zeros where the response is padding; `host_mask` spares packing a device sync."""
-        rows = response_rows(self.hf_model.get_decoder(), input_ids, attention_mask, position_ids, response_length,
-                             self.packed, self.sp_group, host_mask)
+        decoder, token_inputs = self.hf_model.get_decoder(), None
+        if self.vision is not None:  # an image token the policy generated is text: only the prompt's take images
+            decoder = VisionLanguageBody(self.hf_model, self.vision, vision_inputs)
+            token_inputs = {"image_mask": prompt_image_mask(input_ids, response_length, self.vision)}
+        rows = response_rows(decoder, input_ids, attention_mask, position_ids, response_length, self.packed,
+                             self.sp_group, host_mask, token_inputs)
         weight = self.hf_model.get_output_embeddings().weight
         if return_response_hidden:
             return rows.assemble(rows.hidden.detach()).clone(), weight.detach().clone()

@@ -189,6 +189,8 @@ class RolloutEngine(abc.ABC):
     #: tensor-parallel peers each drive their share and must submit the same requests in the same order (vLLM's
     #: SPMD mode): requests whose order depends on timing (tool calls, interruptions) need tensor parallel size 1
     tensor_parallel_in_lockstep: ClassVar[bool] = False
+    #: loads vision-language models and generates from prompts with images (a request's vision inputs)
+    supports_image_input: ClassVar[bool] = False
 
     def __init__(self, ctx: RolloutContext):
         self.ctx = ctx
@@ -307,12 +309,14 @@ class RolloutEngine(abc.ABC):
         """The engine's RequestStream for one generation."""
 
 
-def resolve_engine_name(name: str) -> str:
-    """`auto` → the first installed of AUTO_ENGINE_ORDER; `module:Class` → a user engine; any other name must be
-    registered and installed."""
+def resolve_engine_name(name: str, required: tuple[str, ...] = ()) -> str:
+    """`auto` → the first installed of AUTO_ENGINE_ORDER that declares the `required` capabilities (hf when none
+    does); `module:Class` → a user engine; any other name must be registered and installed."""
     if name == "auto":
         for candidate in AUTO_ENGINE_ORDER:
             engine = ROLLOUT_ENGINES.get(candidate)
+            if not all(getattr(engine, capability) for capability in required):
+                continue
             if engine.is_available():
                 try:
                     engine.check_install()
@@ -349,7 +353,8 @@ def build_rollout_batch(
     """The layout every engine returns, rows ordered [p0s0, p0s1, ..., p1s0, ...] (prompts repeated n times).
 
     responses: [B*n, R] padded on the right with the pad token; response_mask: 1 for generated tokens up to and
-    including the stop token. input_ids/attention_mask/position_ids cover prompt + response.
+    including the stop token. input_ids/attention_mask/position_ids cover prompt + response (position_ids [B, 4, T]
+    for a vision-language prompt: the response continues every axis from the prompt's last token, as text does).
     """
     source = prompts.repeat(n, interleave=True) if n > 1 else prompts
     prompt_ids = source.batch["input_ids"]
@@ -360,7 +365,7 @@ def build_rollout_batch(
     response_mask = response_mask.to(prompt_mask.dtype)
     r = responses.shape[1]
     delta = torch.arange(1, r + 1, device=prompt_pos.device, dtype=prompt_pos.dtype)
-    response_pos = prompt_pos[:, -1:] + delta
+    response_pos = prompt_pos[..., -1:] + delta  # [B, R], or [B, 4, R]: a response is text on every axis
     batch = {
         "prompts": prompt_ids,
         "responses": responses.to(prompt_ids.dtype),

@@ -4,6 +4,8 @@ key that needs it."""
 
 from __future__ import annotations
 
+from verlx.models.vision import checkpoint_model_type
+
 ROLLOUT = "actor_rollout_ref.rollout"
 
 
@@ -81,6 +83,11 @@ def _needs(cfg) -> dict[str, tuple[str, str]]:
                                              "it with new weights")
     if cfg.actor_rollout_ref.rollout.server.enable:
         needs["supports_server"] = (f"{ROLLOUT}.server.enable=true", "serves its requests from an HTTP server")
+    model_type = checkpoint_model_type(cfg.actor_rollout_ref.model.path)
+    if model_type is not None:
+        needs["supports_image_input"] = (f"actor_rollout_ref.model.path (a vision-language model, {model_type})",
+                                         "takes image inputs (vision-language models; image input is not supported "
+                                         "yet on SGLang, vLLM and the native engine)")
     return needs
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from verlx.batch_columns import PARTIAL_COLUMNS
+from verlx.batch_columns import MULTI_MODAL_INPUTS, PARTIAL_COLUMNS
 from verlx.protocol import DataProto
 from verlx.rollout.base import build_rollout_batch, resolve_sampling
 from verlx.rollout.seeds import batch_row_seeds, row_seed
@@ -59,6 +59,7 @@ def generate_batch(engine, prompts: DataProto, interrupted: Callable[[], bool] |
                          "responses; raise response_length or lower max_new_tokens")
     prompt_ids = prompt_token_lists(prompts)
     _check_lengths(prompt_ids, params.max_new_tokens, engine.max_model_len)
+    _check_vision(engine, prompts)
     prefixes = _prefixes(prompts, response_len) if partial else [([], [])] * len(prompt_ids)
     stream = engine.open_stream(params, partial=partial)
     budgets = _submit(stream, prompts, prompt_ids, prefixes, params, response_len, partial)
@@ -76,9 +77,20 @@ def generate_batch(engine, prompts: DataProto, interrupted: Callable[[], bool] |
     return out
 
 
+def _check_vision(engine, prompts: DataProto) -> None:
+    """Prompts with images need an engine that takes them."""
+    rows = prompts.non_tensor_batch.get(MULTI_MODAL_INPUTS)
+    if rows is not None and any(rows) and not engine.supports_image_input:
+        raise ValueError(f"the prompts have images, but the {engine.name} rollout engine does not take image inputs "
+                         f"({type(engine).__name__}.supports_image_input is False); use actor_rollout_ref.rollout."
+                         "name=hf")
+
+
 def _submit(stream, prompts: DataProto, prompt_ids: list[list[int]], prefixes, params, response_len: int,
             partial: bool) -> list[int]:
-    """One request per row (key: the row number); returns each row's token budget."""
+    """One request per row (key: the row number), with the row's vision inputs; returns each row's token budget."""
+    vision = prompts.non_tensor_batch.get(MULTI_MODAL_INPUTS)
+    vision = list(vision) if vision is not None else [None] * len(prompt_ids)
     if partial:
         budgets = []
         for row, (ids, (prefix, _)) in enumerate(zip(prompt_ids, prefixes)):
@@ -86,14 +98,15 @@ def _submit(stream, prompts: DataProto, prompt_ids: list[list[int]], prefixes, p
             if budget < 1:
                 raise ValueError(f"partial rollout: row {row} already has {len(prefix)} response tokens, the whole "
                                  f"rollout.response_length={response_len}; it should not have been continued")
-            stream.submit(str(row), ids + prefix, budget, row_seed(stream.base_seed, row))
+            stream.submit(str(row), ids + prefix, budget, row_seed(stream.base_seed, row), vision=vision[row])
             budgets.append(budget)
         return budgets
     n = params.n
     seeds = batch_row_seeds(stream.base_seed, n, len(prompt_ids), prompts.non_tensor_batch.get("seed"))
     for i, ids in enumerate(prompt_ids):
         rows = range(i * n, (i + 1) * n)
-        stream.submit_samples([str(r) for r in rows], ids, params.max_new_tokens, [seeds[r] for r in rows])
+        stream.submit_samples([str(r) for r in rows], ids, params.max_new_tokens, [seeds[r] for r in rows],
+                              vision=vision[i])
     return [params.max_new_tokens] * (len(prompt_ids) * n)
 
 

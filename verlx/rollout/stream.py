@@ -61,24 +61,33 @@ class RequestStream(abc.ABC):
         self.params, self.limits, self.want_log_probs = params, limits, want_log_probs
         #: the seed a generation's rows derive theirs from (set by RolloutEngine.open_stream)
         self.base_seed = 0
+        #: the vision inputs (pixel_values, image_grid_thw) of requests with images, by key; only an engine that
+        #: declares supports_image_input is given any (rollout/generation.py checks)
+        self.vision_inputs: dict[str, dict] = {}
         self._out: set[str] = set()
         self._returned: list[Finished] = []
 
     # ------------------------------------------------------------------ the contract
     def submit(self, key: str, prompt_ids: list[int], max_new_tokens: int, seed: int,
-               follows: str | None = None) -> None:
+               follows: str | None = None, vision: dict | None = None) -> None:
         """Queue one request. `seed`: its sampling seed (engines that draw from one generator of their own ignore
         it); `follows`: the key of an earlier request of the same conversation whose prompt and output
-        `prompt_ids` extend (an engine may reuse that request's KV cache; a hint only)."""
+        `prompt_ids` extend (an engine may reuse that request's KV cache; a hint only); `vision`: the vision
+        inputs of a prompt with images (`vision_inputs`)."""
         self._check(key, prompt_ids, max_new_tokens)
+        if vision:
+            self.vision_inputs[key] = vision
         self._submit(key, list(prompt_ids), int(max_new_tokens), int(seed), follows)
         self._out.add(key)
 
-    def submit_samples(self, keys: list[str], prompt_ids: list[int], max_new_tokens: int, seeds: list[int]) -> None:
+    def submit_samples(self, keys: list[str], prompt_ids: list[int], max_new_tokens: int, seeds: list[int],
+                       vision: dict | None = None) -> None:
         """The samples of one prompt, one request (key) each; engines that prefill a prompt once for all its
         samples (SGLang's parallel sampling) take them as one and return them together."""
         for key in keys:
             self._check(key, prompt_ids, max_new_tokens)
+            if vision:
+                self.vision_inputs[key] = vision
         self._submit_samples(list(keys), list(prompt_ids), int(max_new_tokens), [int(s) for s in seeds])
         self._out.update(keys)
 

@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from verlx.batch_columns import select_inputs
 from verlx.utils.errors import VerlxError
 from verlx.workers.guarded_step import NonFiniteUpdates
 
@@ -74,6 +75,6 @@ def check_weights_after_skipped_updates(metrics: dict, actor_wg, batch, input_ke
     passing NaN (the weights are fine, training goes on) from weights that diverged (the run stops)."""
     if not metrics.get("actor/nonfinite_updates_skipped"):
         return
-    probe = batch.select(list(input_keys), [], [])[:world_size]
+    probe = select_inputs(batch, input_keys)[:world_size]
     out = actor_wg.compute_log_prob(probe)
     check_finite_log_probs(out.batch["old_log_probs"], probe.batch["response_mask"], step, lr, when="after")

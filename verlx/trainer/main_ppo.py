@@ -53,6 +53,19 @@ def resolve_hub_models(config: PPOConfig) -> None:
     resolve_model_paths(fields)
 
 
+def load_processor(config: PPOConfig):
+    """The image processor of a vision-language policy (data/vision_prompts.py); None for a text model."""
+    from verlx.data.vision_prompts import load_image_prompts
+    from verlx.models.hf_config import load_hf_config
+    from verlx.models.vision import checkpoint_model_type
+
+    model = config.actor_rollout_ref.model
+    if checkpoint_model_type(model.path) is None:
+        return None
+    hf_config = load_hf_config(model.path, model.trust_remote_code, model.override_config)
+    return load_image_prompts(model.path, hf_config, model.trust_remote_code)
+
+
 def prepare(config: PPOConfig):
     """Checks and builds everything the driver needs; no Ray, no GPU."""
     from verlx.data import build_dataloaders
@@ -68,14 +81,16 @@ def prepare(config: PPOConfig):
     for note in apply_verl_mappings(config):  # veRL keys served by verlx features of other names, said once
         logger.info(note)
     rollout = config.actor_rollout_ref.rollout
-    configured, rollout.name = rollout.name, resolve_engine_name(rollout.name)
+    processor = load_processor(config)
+    required = ("supports_image_input",) if processor is not None else ()
+    configured, rollout.name = rollout.name, resolve_engine_name(rollout.name, required)
     if configured == "auto":
         check_engine_capabilities(config, rollout.name)
     check_loggers(config.trainer.loggers)
     model = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code, model.custom_chat_template,
                                "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path"))
-    train_loader, val_loader = build_dataloaders(config, tokenizer)
+    train_loader, val_loader = build_dataloaders(config, tokenizer, processor)
     config.trainer.total_training_steps = total_training_steps(config, train_loader)
     check_agent_data(config, tokenizer, train_loader, val_loader)
     check_reward_columns(config, train_loader.dataset, val_loader.dataset if val_loader is not None else None)

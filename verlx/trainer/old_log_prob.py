@@ -15,6 +15,7 @@ import torch
 from verlx.algorithms.advantages import needs_sum_pi_squared
 from verlx.algorithms.core import agg_loss, masked_mean
 from verlx.algorithms.rollout_correction import Correction, rollout_correction
+from verlx.batch_columns import select_inputs
 from verlx.protocol import DataProto
 from verlx.utils.timer import timed
 
@@ -31,7 +32,7 @@ def old_log_prob_phase(config, actor_wg, batch: DataProto, input_keys, metrics: 
         batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
         return None
     with timed("old_log_prob", timing):
-        inputs = batch.select(list(input_keys), [], [])
+        inputs = select_inputs(batch, input_keys)
         inputs.meta_info["calculate_sum_pi_squared"] = needs_sum_pi_squared(config)
         old = actor_wg.compute_log_prob(inputs)
         metrics.update(old.meta_info.get("metrics", {}))

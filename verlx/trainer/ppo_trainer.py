@@ -14,7 +14,7 @@ import torch
 from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline, uses_critic
 from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
-from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS
+from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS, non_tensor_inputs, select_inputs
 from verlx.config.schema import PPOConfig
 from verlx.metrics.data import compute_data_metrics
 from verlx.metrics.multi_turn import multi_turn_metrics
@@ -314,7 +314,7 @@ class RayPPOTrainer:
                 batch = compute_advantage(batch, cfg.algorithm)
             if self.use_critic:
                 with timed("update_critic", timing):
-                    out = self.critic_wg.update_critic(batch.select([*LOG_PROB_INPUTS, "values", "returns"], [], []))
+                    out = self.critic_wg.update_critic(select_inputs(batch, [*LOG_PROB_INPUTS, "values", "returns"]))
                     metrics.update(out.meta_info["metrics"])
                 self._advance_rollout()
             if self.global_step > cfg.trainer.critic_warmup:
@@ -348,7 +348,7 @@ class RayPPOTrainer:
 
     def _reference_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         with timed("ref", timing):
-            ref = self.actor_rollout_wg.compute_ref_log_prob(batch.select(list(LOG_PROB_INPUTS), [], []))
+            ref = self.actor_rollout_wg.compute_ref_log_prob(select_inputs(batch, LOG_PROB_INPUTS))
             metrics.update(ref.meta_info.get("metrics", {}))
             batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
             if "full_kl" in ref.batch:
@@ -356,7 +356,7 @@ class RayPPOTrainer:
 
     def _critic_values(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         with timed("values", timing):
-            values = self.critic_wg.compute_values(batch.select(list(LOG_PROB_INPUTS), [], []))
+            values = self.critic_wg.compute_values(select_inputs(batch, LOG_PROB_INPUTS))
             batch.batch["values"] = values.batch["values"]
             metrics.update(values.meta_info.get("metrics", {}))
 
@@ -378,7 +378,7 @@ class RayPPOTrainer:
         if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
             with timed("gen_max", timing):
                 batch.batch["reward_baselines"] = self._greedy_baseline(batch)
-        batch.pop(batch_keys=list(MODEL_INPUTS))
+        batch.pop(batch_keys=list(MODEL_INPUTS), non_tensor_batch_keys=non_tensor_inputs(batch.non_tensor_batch))
         batch.union(gen_out)
         return self._score(batch, metrics, timing)
 
@@ -433,7 +433,7 @@ class RayPPOTrainer:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in batch.batch:
             keys.append("rollout_is_weights")
-        inputs = batch.select(keys, [], [])
+        inputs = select_inputs(batch, keys)
         if correction is not None and correction.mask is not None:
             inputs.batch["response_mask"] = inputs.batch["response_mask"] * correction.mask.to(
                 inputs.batch["response_mask"].dtype)
@@ -445,7 +445,8 @@ class RayPPOTrainer:
     def _gen_inputs(self, batch: DataProto) -> DataProto:
         """The prompt tensors, plus the columns the agent loop reads (rollout.mode=async or multi_turn.enable)."""
         enabled = self.config.actor_rollout_ref.rollout.uses_agent_loop
-        return batch.select(list(MODEL_INPUTS), agent_input_keys(batch, enabled), [])
+        return batch.select(list(MODEL_INPUTS), [*non_tensor_inputs(batch.non_tensor_batch),
+                                                 *agent_input_keys(batch, enabled)], [])
 
     def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:
         gen_batch.meta_info.update({"do_sample": do_sample, "global_step": self.global_step,

@@ -416,6 +416,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     check_unsupported(cfg, f)
     check_run_length(cfg, f)
     if not f.problems:
+        from verlx.trainer.vision_checks import vision_problems
+
+        f.problems += vision_problems(cfg)  # before the engines' checks, which do not know vision-language models
+    if not f.problems:
         from verlx.workers.megatron.config_checks import megatron_findings
 
         megatron = megatron_findings(cfg, world_size or world_size_of(cfg))

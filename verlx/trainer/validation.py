@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from verlx.batch_columns import MODEL_INPUTS
+from verlx.batch_columns import MODEL_INPUTS, non_tensor_inputs
 from verlx.reward.managers import RewardFailure
 from verlx.rollout.agent.inputs import agent_input_keys
 from verlx.trainer.generation_dump import generation_records, write_jsonl
@@ -37,7 +37,8 @@ class Validator:
         records: list[dict] = []
         for batch in loader:
             batch = batch.repeat(n, interleave=True)
-            keys = agent_input_keys(batch, self.config.actor_rollout_ref.rollout.uses_agent_loop)
+            inputs = non_tensor_inputs(batch.non_tensor_batch)
+            keys = [*inputs, *agent_input_keys(batch, self.config.actor_rollout_ref.rollout.uses_agent_loop)]
             gen_in, pad = batch.select(list(MODEL_INPUTS), keys, []).pad_to_divisor(self.world_size)
             # rows are already repeated n times: one sample per row
             gen_in.meta_info.update({"validate": True, "n": 1, "do_sample": val_kwargs.do_sample,
@@ -45,7 +46,7 @@ class Validator:
             out = self.wg.generate_sequences(gen_in).unpad(pad)
             out.meta_info.pop("timing", None)
             out.meta_info.pop("metrics", None)
-            batch.pop(batch_keys=list(MODEL_INPUTS))
+            batch.pop(batch_keys=list(MODEL_INPUTS), non_tensor_batch_keys=inputs)
             batch.union(out)
             try:
                 result = self.reward_fn(batch)

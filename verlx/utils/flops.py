@@ -82,6 +82,14 @@ def dense_decoder_flops(config, seq_lens: list[int]) -> float:
     return float(dense + attention)
 
 
+@FLOPS_ESTIMATORS.register("qwen2_vl")
+@FLOPS_ESTIMATORS.register("qwen2_5_vl")
+def vision_language_flops(config, seq_lens: list[int]) -> float:
+    """A vision-language model's text decoder over its sequences, image tokens included; the vision tower's FLOPs
+    are not counted (MFU is understated by their share)."""
+    return dense_decoder_flops(config.get_text_config(), seq_lens)
+
+
 def estimate_flops(hf_config, seq_lens: list[int], seconds: float,
                    device_name: str | None = None) -> tuple[float, float | None]:
     """(achieved TFLOP/s of training on `seq_lens` in `seconds`, the device's peak TFLOP/s or None on CPU).

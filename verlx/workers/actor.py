@@ -8,7 +8,7 @@ import torch.distributed as dist
 from verlx.algorithms.core import agg_loss
 from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
 from verlx.algorithms.policy_losses import select_policy_loss
-from verlx.batch_columns import MODEL_INPUTS
+from verlx.batch_columns import MODEL_INPUTS, non_tensor_inputs
 from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
 from verlx.utils.batch_sizes import sequence_split_size
@@ -102,7 +102,8 @@ class PPOActor:
             keys.append("rollout_is_weights")
         head = self._head(data.meta_info.get("temperature", 1.0), cfg.entropy_coeff != 0,
                           full_kl=cfg.use_kl_loss and kl_needs_full_distribution(cfg.kl_loss_type))
-        data = data.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=[])
+        data = data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor_inputs(data.non_tensor_batch),
+                           meta_info_keys=[])
         metrics = MetricAccumulator(self.engine.device)
         loss_fn = select_policy_loss(cfg, self.rollout_correction)
         probe = OnPolicyProbe(self.engine.device, enabled=not self.bypass_mode)

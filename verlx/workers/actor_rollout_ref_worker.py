@@ -116,8 +116,10 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     def _resolve_auto_settings(self, model_path: str) -> list[str]:
         """Fill the keys left null (token budgets, dynamic batches, gradient checkpointing) from the memory estimate of
         this GPU (workers/memory_plan); returns the choices with their numbers."""
-        self.config, notes = resolve_actor_settings(self.config, self.hf_config, model_path, self.device,
-                                                    self.world_size, self.engine_resident_bytes)
+        # a vision-language model is estimated by its text decoder (the checkpoint's parameter count includes the
+        # vision tower)
+        self.config, notes = resolve_actor_settings(self.config, self.hf_config.get_text_config(), model_path,
+                                                    self.device, self.world_size, self.engine_resident_bytes)
         return notes
 
     def _init_training(self, model_path: str) -> None:

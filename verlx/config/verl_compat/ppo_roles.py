@@ -170,7 +170,6 @@ ROWS = [
     Ignored(f"{ACTOR}.calculate_entropy", "verlx computes the entropy of every update (logged as actor/entropy)"),
     Moved(f"{ACTOR}.entropy_from_logits_chunk_size", f"{ACTOR}.logprob_chunk_size",
           "verlx's chunk size of log-probs and entropy", current=True),
-    Refused(f"{ACTOR}.freeze_vision_tower", "vision-language models"),
     Ignored(f"{ACTOR}.checkpoint.mbridge_config", "mbridge's save options (a distributed filesystem, memory use); "
             "verlx's megatron engine saves HF weights with its own converter"),
     Refused(f"{ACTOR}.checkpoint.strict", "non-strict checkpoint loading", inert=(None, True)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from verlx.config.legacy_keys import Alias, Ignored, Moved, Refused
 
-VLM = "vision-language models (image, video and audio inputs)"
+VLM = "vision-language processor options"
 RM_POOL = "a GPU pool of the reward model's own (verlx shards the reward model over the training GPUs)"
 SANDBOX = "the Sandbox Fusion code-execution reward"
 _GLOBAL_MICRO = "veRL's deprecated global micro-batch size; it is read as {new} = this value / the data-parallel size"
@@ -34,11 +34,10 @@ def profiler_rows(section: str) -> list:
 
 
 DATA = [
-    Refused("data.image_key", VLM, inert=(None,)),
-    Refused("data.video_key", VLM, inert=(None,)),
-    Refused("data.audio_key", VLM, inert=(None,)),
-    Refused("data.image_patch_size", VLM, inert=(None, 14)),
-    Refused("data.mm_processor_kwargs", VLM),
+    Refused("data.video_key", "video inputs of vision-language models", inert=(None, "videos")),
+    Refused("data.audio_key", "audio inputs of vision-language models", inert=(None, "audios")),
+    Refused("data.image_patch_size", "an image patch size other than the image processor's", inert=(None, 14)),
+    Refused("data.mm_processor_kwargs", "options of the vision-language processor (data.mm_processor_kwargs)"),
     Refused("data.return_multi_modal_inputs", VLM, inert=(None, False, True)),
     Refused("data.datagen", "dynamic data generators (data.datagen)"),
     Moved("data.tool_config_path", "actor_rollout_ref.rollout.multi_turn.tool_config_path",

@@ -11,11 +11,12 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from verlx.batch_columns import MODEL_INPUTS
+from verlx.batch_columns import MODEL_INPUTS, MULTI_MODAL_INPUTS
 from verlx.metrics.accumulator import MetricAccumulator
 from verlx.models.lora import lora_scaling, merged_weights
 from verlx.models.packing import HostCopy
 from verlx.models.ulysses import check_ulysses, sequence_parallel_group
+from verlx.models.vision import VisionLanguageModel, micro_batch_vision, vision_language_model
 from verlx.protocol import DataProto
 from verlx.rollout.weight_sync import gather_full, iter_engine_weights
 from verlx.utils.dtypes import torch_dtype
@@ -50,11 +51,14 @@ class FSDPEngine(TrainingEngine):
     def __init__(self, name: str, module: torch.nn.Module, optimizer=None, device=torch.device("cpu"), *,
                  grad_clip: float = 1.0, defer_grad_reduce: bool = False, max_consecutive_nonfinite: int = 3,
                  lr_scheduler=None, checkpoint: FSDPCheckpointManager | None = None, offloader: Offloader | None = None,
-                 tied_embeddings: bool = False, lora: bool = False, adapters_disabled: bool = False):
+                 tied_embeddings: bool = False, lora: bool = False, adapters_disabled: bool = False,
+                 vision: VisionLanguageModel | None = None):
         self.name, self.module, self.optimizer, self._device = name, module, optimizer, device
         self.grad_clip, self.defer_grad_reduce = grad_clip, defer_grad_reduce
         self.lr_scheduler, self.checkpoint, self.offloader = lr_scheduler, checkpoint, offloader
         self.tied_embeddings, self.lora, self.adapters_disabled = tied_embeddings, lora, adapters_disabled
+        #: a vision-language policy: each micro-batch brings its rows' vision inputs (multi_modal_inputs)
+        self.vision = vision
         self.stepper = GuardedStepper(name, max_consecutive_nonfinite)
 
     # ------------------------------------------------------------------ set-up
@@ -81,14 +85,16 @@ class FSDPEngine(TrainingEngine):
             model_cfg = spec.model if spec.trainable else dataclasses.replace(spec.model,
                                                                               enable_gradient_checkpointing=False)
             module = load_policy(spec.path, model_cfg, torch_dtype(fsdp.model_dtype), sp_group=sp_group,
-                                 with_lora=spec.lora)
+                                 with_lora=spec.lora,
+                                 freeze_vision_tower=spec.trainable and spec.role.freeze_vision_tower)
         if not spec.trainable:
             module.requires_grad_(False)
         compile_for_training(module, spec.role.use_torch_compile, spec.device)
         if not spec.trainable:
             apply_fsdp2(module, spec.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward)
             offloader = Offloader.for_config(spec.name, module, None, spec.device, fsdp.param_offload)
-            return cls(spec.name, module, device=spec.device, offloader=offloader)
+            return cls(spec.name, module, device=spec.device, offloader=offloader,
+                       vision=vision_language_model(spec.hf_config))
         return cls._trainable(spec, module, fsdp, placement)
 
     @classmethod
@@ -108,12 +114,14 @@ class FSDPEngine(TrainingEngine):
         return cls(spec.name, module, optimizer, spec.device, grad_clip=spec.role.grad_clip,
                    defer_grad_reduce=fsdp.defer_grad_reduce, max_consecutive_nonfinite=spec.max_consecutive_nonfinite,
                    lr_scheduler=lr_scheduler, checkpoint=checkpoint, offloader=offloader,
-                   tied_embeddings=bool(getattr(spec.hf_config, "tie_word_embeddings", False)), lora=spec.lora)
+                   tied_embeddings=bool(getattr(spec.hf_config, "tie_word_embeddings", False)), lora=spec.lora,
+                   vision=None if spec.value_head else vision_language_model(spec.hf_config))
 
     def reference_view(self) -> FSDPEngine:
         if not self.lora:
             return super().reference_view()
-        return FSDPEngine("ref", self.module, device=self._device, offloader=self.offloader, adapters_disabled=True)
+        return FSDPEngine("ref", self.module, device=self._device, offloader=self.offloader, adapters_disabled=True,
+                          vision=self.vision)
 
     # ------------------------------------------------------------------ compute
     @property
@@ -127,6 +135,9 @@ class FSDPEngine(TrainingEngine):
         inputs = {k: mb.batch[k].to(self._device, non_blocking=True) for k in MODEL_INPUTS}
         response_length = mb.batch["responses"].shape[-1]
         extra = host_mask_kwargs(mb)
+        if self.vision is not None:  # counted against the image tokens on the host, before the copy to the device
+            extra["vision_inputs"] = micro_batch_vision(mb.non_tensor_batch.get(MULTI_MODAL_INPUTS),
+                                                        mb.batch["input_ids"], self.vision, response_length)
         if head.kind == "values":
             return {"values": self.module(**inputs, response_length=response_length, **extra)}
         if head.kind == "response_hidden":

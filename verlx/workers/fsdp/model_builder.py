@@ -13,6 +13,7 @@ from verlx.models.hf_config import import_external_lib, load_hf_config
 from verlx.models.lora import apply_lora
 from verlx.models.policy import PolicyModel, ValueModel, decoder_layers
 from verlx.models.score_model import ScoreModel
+from verlx.models.vision import causal_lm_class, vision_language_model, vision_tower
 from verlx.utils.lr_schedules import optim_lr_multiplier
 from verlx.utils.paths import expand_path
 
@@ -58,16 +59,19 @@ def _load_hf(auto_class, path: str, model_cfg, master_dtype: torch.dtype, attn_i
 
 
 def load_policy(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa",
-                sp_group=None, with_lora: bool = False) -> PolicyModel:
-    """The HF causal LM in `master_dtype`, wrapped for chunked log-probs (packed when use_remove_padding), with LoRA
-    adapters when `with_lora` (model.lora_rank > 0)."""
-    from transformers import AutoModelForCausalLM
-
-    hf_model = _load_hf(AutoModelForCausalLM, path, model_cfg, master_dtype, attn_implementation,
+                sp_group=None, with_lora: bool = False, freeze_vision_tower: bool = False) -> PolicyModel:
+    """The HF causal LM (or vision-language model) in `master_dtype`, wrapped for chunked log-probs (packed when
+    use_remove_padding), with LoRA adapters when `with_lora` (model.lora_rank > 0); a vision-language model's image
+    encoder frozen with `freeze_vision_tower` (actor.freeze_vision_tower)."""
+    config = load_hf_config(path, model_cfg.trust_remote_code, model_cfg.override_config)
+    hf_model = _load_hf(causal_lm_class(config), path, model_cfg, master_dtype, attn_implementation,
                         "actor_rollout_ref.model.path", model_cfg.enable_gradient_checkpointing)
+    vision = vision_language_model(config)
+    if freeze_vision_tower and vision is not None:
+        vision_tower(hf_model).requires_grad_(False)
     if with_lora:
         hf_model = apply_lora(hf_model, model_cfg)
-    return PolicyModel(hf_model, packed=uses_packing(model_cfg), sp_group=sp_group)
+    return PolicyModel(hf_model, packed=uses_packing(model_cfg), sp_group=sp_group, vision=vision)
 
 
 def load_value_model(path: str, model_cfg, master_dtype: torch.dtype, attn_implementation: str = "sdpa",

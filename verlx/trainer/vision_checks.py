@@ -1,0 +1,48 @@
+"""What a run on a vision-language policy (Qwen2-VL, Qwen2.5-VL) asks for that verlx does not do with one yet:
+refused before Ray, each naming the feature and its key. The rollout engine's image input is a capability
+(rollout/capabilities.py); the rest is here."""
+
+from __future__ import annotations
+
+from verlx.algorithms.advantages import uses_critic
+from verlx.models.vision import SUPPORTED_MODEL_TYPES, checkpoint_model_type
+
+
+def _unsupported(cfg) -> list[tuple[str, str]]:
+    """The features the config turns on that the vision-language path lacks, each with its key."""
+    arr = cfg.actor_rollout_ref
+    try:
+        critic = uses_critic(cfg)
+    except KeyError:  # an unknown estimator: the name checks report it
+        critic = False
+    features = [
+        ("the megatron training engine", f"actor_rollout_ref.actor.strategy={arr.actor.strategy}",
+         arr.actor.strategy == "megatron"),
+        ("Ulysses sequence parallelism",
+         f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={arr.actor.ulysses_sequence_parallel_size}",
+         arr.actor.ulysses_sequence_parallel_size > 1),
+        ("LoRA", f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank}", arr.model.lora_rank > 0),
+        ("a critic", f"algorithm.adv_estimator={cfg.algorithm.adv_estimator}", critic),
+        ("a reward model", "reward_model.enable=true", cfg.reward_model.enable),
+        ("the agent loop", "actor_rollout_ref.rollout.mode=async or multi_turn.enable=true",
+         arr.rollout.uses_agent_loop),
+        ("asynchronous rollout modes", f"trainer.rollout_mode={cfg.trainer.rollout_mode}",
+         cfg.trainer.rollout_mode != "sync"),
+        ("a rollout worker group of its own", "actor_rollout_ref.hybrid_engine=false", not arr.hybrid_engine),
+        ("a dataset class of your own", f"data.custom_cls.path={cfg.data.custom_cls.path}",
+         bool(cfg.data.custom_cls.path)),
+    ]
+    return [(what, key) for what, key, on in features if on]
+
+
+def vision_problems(cfg) -> list[str]:
+    """Problems of a run whose actor_rollout_ref.model.path is a vision-language checkpoint; none for a text
+    model (or a path that does not exist: the path checks report it)."""
+    model_type = checkpoint_model_type(cfg.actor_rollout_ref.model.path)
+    if model_type is None:
+        return []
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return [f"actor_rollout_ref.model.path: verlx does not support the vision-language architecture "
+                f"{model_type!r} yet; it trains {', '.join(SUPPORTED_MODEL_TYPES)}"]
+    return [f"actor_rollout_ref.model.path is a vision-language model ({model_type}): verlx does not support {what} "
+            f"with vision-language models yet ({key})" for what, key in _unsupported(cfg)]
