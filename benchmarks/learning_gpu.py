@@ -161,7 +161,7 @@ def stage_sft(args, p: dict, info: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------- grpo
 def layout(args) -> str:
     if args.mode != "sync":
-        return "1+1"
+        return "1t1r"  # one trainer GPU, one rollout GPU (a name $OUT brings back: letters, digits, dashes)
     return "1gpu" if args.gpus == 1 else f"dp{args.gpus}" + (f"-tp{args.rollout_tp}" if args.rollout_tp > 1 else "")
 
 
@@ -222,10 +222,10 @@ def run_watched(cmd: list[str], cwd: str, env: dict, log_path: str, metrics_path
                 timeout_s: float, parse=json.loads, on_rows=None) -> dict:
     """Run `cmd` (output to `log_path`) and note the wall-clock time each line of its metrics file appears; a
     compact line per logged step is printed and `on_rows(timed rows so far)` called (a run cut short keeps what it
-    logged). Returns rc, [(row, seconds since start)], and the run's wall time."""
+    logged). Returns rc, [(row, seconds since start)], the run's wall time and whether `timeout_s` stopped it."""
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
-    timed_rows, offset, start = [], 0, time.time()
+    timed_rows, offset, start, stopped_at_limit = [], 0, time.time(), False
 
     def poll() -> None:
         nonlocal offset
@@ -249,6 +249,7 @@ def run_watched(cmd: list[str], cwd: str, env: dict, log_path: str, metrics_path
             while proc.poll() is None:
                 poll()
                 if time.time() - start > timeout_s:
+                    stopped_at_limit = True
                     os.killpg(proc.pid, signal.SIGTERM)
                     proc.wait(30)
                 time.sleep(0.2)
@@ -256,7 +257,8 @@ def run_watched(cmd: list[str], cwd: str, env: dict, log_path: str, metrics_path
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
         poll()
-    return {"rc": proc.returncode, "timed_rows": timed_rows, "wall_s": time.time() - start}
+    return {"rc": proc.returncode, "timed_rows": timed_rows, "wall_s": time.time() - start,
+            "stopped_at_limit": stopped_at_limit}
 
 
 PROGRESS = ((VAL_KEY, "held-out accuracy"), ("critic/score/mean", "train score"), ("timing_s/step", "step s"))
@@ -355,7 +357,7 @@ def stage_grpo(args, p: dict, info: dict) -> dict:
 
     result = run_watched(cmd, ROOT, env, os.path.join(run_dir, "run.log"), os.path.join(run_dir, "metrics.jsonl"),
                          name, args.timeout_s, on_rows=save)
-    meta.update(rc=result["rc"], wall_s=result["wall_s"])
+    meta.update(rc=result["rc"], wall_s=result["wall_s"], stopped_at_limit=result["stopped_at_limit"])
     summary = save(result["timed_rows"])
     if result["rc"] != 0:
         with open(os.path.join(run_dir, "run.log"), errors="replace") as f:

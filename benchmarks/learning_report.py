@@ -147,15 +147,17 @@ def draw(summaries: list[dict], out_dir: str, prefix: str) -> list[str]:
 
 
 def usable(summaries: list[dict]) -> list[dict]:
-    """The runs that ended well or are cut short (rc None: killed with the call, their curve so far); a failed
-    run is named and left out."""
+    """The runs that ended well or are cut short (rc None: killed with the call; or stopped by their own
+    --timeout-s, whatever rc the trainer's exit under SIGTERM gave): their curve so far. A failed run is named and
+    left out."""
     kept = []
     for s in summaries:
         last = s["curve"][-1]["step"] if s["curve"] else None
-        if s.get("rc") not in (0, None):
+        cut_short = s.get("rc") is None or s.get("stopped_at_limit", False)
+        if s.get("rc") != 0 and not cut_short:
             print(f"left out: {s['name']} failed (rc {s['rc']}) after validating at step {last}")
             continue
-        if s.get("rc") is None:
+        if cut_short:
             print(f"{s['name']}: cut short, its curve ends at step {last}")
         kept.append(s)
     return kept

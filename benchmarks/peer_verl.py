@@ -349,7 +349,7 @@ def run_verl_learning(args, cmd: list[str], env: dict, out_dir: str, meta: dict,
     result = learning_gpu.run_watched(cmd, out_dir, {**env, "VERL_FILE_LOGGER_PATH": jsonl},
                                       os.path.join(out_dir, "run.log"), jsonl, meta["name"], args.timeout_s,
                                       parse=verl_jsonl_row, on_rows=save)
-    meta.update(rc=result["rc"], wall_s=result["wall_s"])
+    meta.update(rc=result["rc"], wall_s=result["wall_s"], stopped_at_limit=result["stopped_at_limit"])
     return save(result["timed_rows"])
 
 

@@ -150,7 +150,7 @@ def test_grpo_overrides_of_the_two_gpu_layouts_and_the_rollout_modes():
     assert _validated(tp).actor_rollout_ref.rollout.name == "sglang"
     for mode in ("one_step_off", "async"):
         overrides = _overrides(_args("--mode", mode, "--gpus", "2"))
-        assert overrides["trainer.experiment_name"] == f"verlx-native-1+1-{mode}-s0"
+        assert overrides["trainer.experiment_name"] == f"verlx-native-1t1r-{mode}-s0"
         assert overrides["actor_rollout_ref.hybrid_engine"] == "false"
         assert overrides["trainer.n_gpus_per_node"] == overrides["rollout.n_gpus_per_node"] == "1"
         assert overrides["algorithm.rollout_correction.rollout_is"] == "token"
@@ -221,7 +221,7 @@ def test_run_watched_times_each_metrics_line_and_ends_a_run_past_its_timeout(tmp
     result = learning.run_watched([sys.executable, "-c", WRITER, str(metrics)], str(tmp_path), dict(os.environ),
                                   str(tmp_path / "run.log"), str(metrics), "w", timeout_s=3,
                                   on_rows=lambda rows: seen.append([row["step"] for row, _ in rows]))
-    assert result["rc"] == -15  # SIGTERM after 3 s; the half-written third line is not read
+    assert result["rc"] == -15 and result["stopped_at_limit"]  # SIGTERM after 3 s; the half-written line is unread
     assert [row for row, _ in result["timed_rows"]] == [{"step": 0, "timing_s/step": 1.0},
                                                         {"step": 1, "timing_s/step": 1.0}]
     first, second = (seconds for _, seconds in result["timed_rows"])
@@ -324,10 +324,12 @@ def test_report_pools_the_seeds_and_times_the_run_to_verls_final_accuracy(capsys
 
 def test_report_leaves_out_failed_runs_and_names_cut_short_ones(capsys):
     failed, cut = dict(SUMMARIES[0], rc=1, name="f"), dict(SUMMARIES[1], rc=None, name="c")
-    assert report.usable([failed, cut, dict(SUMMARIES[2], rc=0)]) == [cut, dict(SUMMARIES[2], rc=0)]
+    # stopped by its own --timeout-s: veRL's trainer exits with SIGABRT (-6) under the SIGTERM; its curve counts
+    limited = dict(SUMMARIES[2], rc=-6, stopped_at_limit=True, name="l")
+    assert report.usable([failed, cut, limited]) == [cut, limited]
     out = capsys.readouterr().out
     assert "left out: f failed (rc 1) after validating at step 10" in out
-    assert "c: cut short, its curve ends at step 10" in out
+    assert "c: cut short, its curve ends at step 10" in out and "l: cut short, its curve ends at step 10" in out
 
 
 def test_report_draws_accuracy_against_step_and_time(tmp_path):
