@@ -50,6 +50,6 @@ def test_benchmark_counts_a_checkouts_launches_and_names_the_refusal_family(tmp_
     out = proc.stdout
     assert "1/2 compose and pass preflight (50%); 1 refused: 1 naming a missing feature, 0 refused by veRL too, " \
            "0 otherwise; 0 crashed; 1 scripts launch no trainer" in out, out
-    assert "image input of the rollout engine (vision-language models on the native engine, or vLLM in server mode)" in \
-        out.splitlines()[-1], out
+    family = "image input of the rollout engine (vision-language models on the native engine, or vLLM in server mode)"
+    assert family in out.splitlines()[-1], out
     assert sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs) == before  # ran in a copy
