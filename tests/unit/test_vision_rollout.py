@@ -125,7 +125,8 @@ def test_server_mode_takes_images_on_sglang_only(setup):
     cfg.actor_rollout_ref.rollout.name = "vllm"
     problems = capability_problems(cfg)
     assert len(problems) == 1
-    assert problems[0] == ("actor_rollout_ref.model.path (a vision-language model, qwen2_vl) with actor_rollout_ref.rollout.server."
-            "enable=true needs a rollout engine that takes image inputs in server mode, but actor_rollout_ref."
-            "rollout.name=vllm cannot (VLLMRolloutEngine.supports_server_image_input is False); use "
-            "actor_rollout_ref.rollout.name=sglang")
+    assert problems[0] == (
+        "actor_rollout_ref.model.path (a vision-language model, qwen2_vl) with actor_rollout_ref.rollout.server."
+        "enable=true needs a rollout engine that takes image inputs in server mode, but actor_rollout_ref."
+        "rollout.name=vllm cannot (VLLMRolloutEngine.supports_server_image_input is False); use "
+        "actor_rollout_ref.rollout.name=sglang")
