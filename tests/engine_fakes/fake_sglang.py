@@ -106,6 +106,8 @@ class FakeSGLang:
     async_rounds: Any = None
     #: seconds each of those rounds takes (0: one event-loop iteration)
     round_s: float = 0.0
+    #: the image_data of each async_generate request that had one, by its first request id
+    image_data: dict[str, Any] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -189,6 +191,8 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
                 rids = [rid] if n == 1 and rid else [f"auto-{len(state.calls)}-{j}" for j in range(n)]
             if len(rids) != n:
                 raise ValueError(f"rid has {len(rids)} entries for n={n}")
+            if kwargs.get("image_data") is not None:
+                state.image_data[rids[0]] = kwargs["image_data"]
             params = self._clipped(input_ids, {**sampling_params, "n": 1})
             samples = []
             for j in range(n):
