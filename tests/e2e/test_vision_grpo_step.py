@@ -71,7 +71,7 @@ def test_one_grpo_step_with_images(ray_cpu, vl_model_dir, geo3k_dir, tmp_path):
 
 
 @pytest.mark.parametrize(("engine", "server", "what"), [("native", "false", "image inputs"),
-                                                        ("vllm", "true", "image inputs in server mode")])
+                                                        ("vllm", "true", "image inputs in server mode .vLLM")])
 def test_engines_without_image_input_are_refused_before_ray(vl_model_dir, geo3k_dir, tmp_path, engine, server,
                                                             what):
     cfg = _config(vl_model_dir, geo3k_dir, tmp_path, f"actor_rollout_ref.rollout.name={engine}",

@@ -127,6 +127,7 @@ def test_server_mode_takes_images_on_sglang_only(setup):
     assert len(problems) == 1
     assert problems[0] == (
         "actor_rollout_ref.model.path (a vision-language model, qwen2_vl) with actor_rollout_ref.rollout.server."
-        "enable=true needs a rollout engine that takes image inputs in server mode, but actor_rollout_ref."
+        "enable=true needs a rollout engine that takes image inputs in server mode (vLLM's server mode does not "
+        "support them), but actor_rollout_ref."
         "rollout.name=vllm cannot (VLLMRolloutEngine.supports_server_image_input is False); use "
         "actor_rollout_ref.rollout.name=sglang")
