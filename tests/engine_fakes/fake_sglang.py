@@ -23,7 +23,8 @@ from engine_fakes.fake_sglang_server import make_launch_server
 
 GPU_MEMORY_ALL_TYPES = ["kv_cache", "weights", "cuda_graph"]
 ENV_SEEN = ("CUDA_VISIBLE_DEVICES", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "SGLANG_BLOCK_NONZERO_RANK_CHILDREN",
-            "NCCL_NVLS_ENABLE", "NCCL_GRAPH_REGISTER", "PYTORCH_CUDA_ALLOC_CONF", "SGLANG_MEMORY_SAVER_CUDA_GRAPH")
+            "NCCL_NVLS_ENABLE", "NCCL_GRAPH_REGISTER", "PYTORCH_CUDA_ALLOC_CONF", "SGLANG_MEMORY_SAVER_CUDA_GRAPH",
+            "SGLANG_MM_AVOID_RETOKENIZE")
 _BASE_FIELDS: list[tuple[str, Any]] = [
     ("model_path", None), ("tokenizer_path", None), ("skip_tokenizer_init", False), ("trust_remote_code", False),
     ("dtype", "auto"), ("load_format", "auto"), ("mem_fraction_static", None), ("enable_memory_saver", False),
