@@ -333,6 +333,9 @@ class VLLMServerStream(TaskStream):
         self._request_of: dict[str, str] = {}  # a sample's request id -> the id its prompt's request went with
 
     def _request(self, request_ids, prompt_ids, params):
+        if self.images:  # preflight refuses it (supports_server_image_input); never drop a prompt's images
+            raise ValueError("vllm in server mode does not take image inputs; turn actor_rollout_ref.rollout.server."
+                             "enable off or use actor_rollout_ref.rollout.name=sglang")
         self._request_of.update((request_id, request_ids[0]) for request_id in request_ids)
         return self.server.generate(request_ids[0], prompt_ids, server_sampling_params(params, self.want_log_probs))
 
