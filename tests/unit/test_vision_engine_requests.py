@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -140,3 +141,21 @@ def test_sglang_takes_one_samples_images_unwrapped(fake_sglang, tmp_path):
     taken = fake_sglang.image_data[requests[2][4]]
     assert len(taken) == 2 and all(a is b for a, b in zip(taken, IMAGES[2]))
     check_rollout(out, 1)
+
+
+def test_vllms_server_stream_refuses_a_prompt_with_images():
+    import asyncio
+
+    from verlx.rollout.base import SamplingParams
+    from verlx.rollout.stream import StreamLimits
+    from verlx.rollout.vllm_engine import VLLMServerStream
+
+    loop = asyncio.new_event_loop()
+    try:
+        stream = VLLMServerStream(SimpleNamespace(loop=loop), SamplingParams(max_new_tokens=6), StreamLimits(6, 14),
+                                  False, "verlx-0-")
+        stream.submit_samples(["0"], PROMPTS[0], 6, [1], vision=vision_inputs(GRIDS[0]), images=IMAGES[0])
+        with pytest.raises(ValueError, match="vllm in server mode does not take image inputs"):
+            stream.step()
+    finally:
+        loop.close()
