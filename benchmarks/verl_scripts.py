@@ -122,7 +122,7 @@ FAMILIES = (
     (r"in_pipeline_split", "megatron's uneven pipeline split"),
     (r"veRL's own classes", "veRL's own classes (tools, agent loops, reward managers)"),
     (r"needs a rollout engine that takes image inputs", "image input of the rollout engine (vision-language models on "
-     "vLLM, SGLang or native)"),
+     "the native engine, or vLLM in server mode)"),
 )
 
 

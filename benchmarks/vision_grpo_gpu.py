@@ -1,5 +1,6 @@
-"""GRPO through main_ppo with a vision-language policy (a Qwen2-VL of random weights) and the hf engine, on
-geo3k-format image questions: the first run of the vision-language path on a GPU (docs/vision_language.md).
+"""GRPO through main_ppo with a vision-language policy (a Qwen2-VL of random weights) and the hf, vLLM or SGLang
+rollout engine, on geo3k-format image questions: the first runs of the vision-language path on a GPU
+(docs/vision_language.md).
 
 Builds the model (`--shape tiny`: the tests' Qwen2-VL; `2b`: Qwen2-VL-2B's shape, bf16), writes geo3k-format rows
 with random images of several sizes through examples/data_preprocess/geo3k.py, runs `verlx.trainer.main_ppo` (the
@@ -7,8 +8,13 @@ reward scores the response's length, so that random weights still get advantages
 prints each step's timings and the log-prob agreements (engine vs trainer, old_log_probs vs the update's first
 forward) from the metrics JSONL (copied to $OUT when set).
 
-  python benchmarks/vision_grpo_gpu.py --shape 2b --steps 3          # one GPU
-  python benchmarks/vision_grpo_gpu.py --smoke                       # CPU, tiny shape: the pipeline runs
+  python benchmarks/vision_grpo_gpu.py --shape 2b --steps 3                     # one GPU, the hf engine
+  python benchmarks/vision_grpo_gpu.py --shape 2b --steps 3 --engine vllm       # vLLM: images as multi_modal_data
+  python benchmarks/vision_grpo_gpu.py --shape 2b --steps 3 --engine sglang     # SGLang: images as image_data
+  python benchmarks/vision_grpo_gpu.py --smoke                                  # CPU, tiny shape: the pipeline runs
+
+rollout/logprob_diff_max (the engine's log-probs against the trainer's on the same batch) is the check that the
+engine saw each prompt's images at the trainer's positions.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ def overrides(args, model_dir: str, data_dir: str, out_dir: str, reward: str) ->
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        "actor_rollout_ref.actor.freeze_vision_tower=true", "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.actor.freeze_vision_tower=true", f"actor_rollout_ref.rollout.name={args.engine}",
         f"actor_rollout_ref.rollout.n={args.n}", f"trainer.n_gpus_per_node={args.gpus}",
         f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false",
         "trainer.logger=[console,file]", f"trainer.output_dir={out_dir}", f"trainer.default_local_dir={out_dir}/ckpt",
@@ -91,6 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=4, help="actor_rollout_ref.rollout.n")
     p.add_argument("--response-length", type=int, default=128)
     p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang"], help="actor_rollout_ref.rollout.name")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shape, 1 step of 4 prompts x 2 on 2 workers")
     p.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
     args = p.parse_args(argv)
@@ -113,7 +120,7 @@ def main(argv=None) -> int:
         cells = [f"{row[k]:.3g}" if isinstance(row.get(k), (int, float)) else "-" for k in SHOWN]
         print(f"| {row['step']} | " + " | ".join(cells) + " |")
     if os.environ.get("OUT") and rows:
-        shutil.copy(metrics, os.path.join(os.environ["OUT"], f"vision_grpo_{args.shape}.jsonl"))
+        shutil.copy(metrics, os.path.join(os.environ["OUT"], f"vision_grpo_{args.shape}_{args.engine}.jsonl"))
     return rc if rows else (rc or 1)
 
 

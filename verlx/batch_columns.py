@@ -20,11 +20,21 @@ MODEL_INPUTS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)
 #: without image; verlx.models.vision), carried wherever MODEL_INPUTS go
 MULTI_MODAL_INPUTS = "multi_modal_inputs"
 NON_TENSOR_MODEL_INPUTS = (MULTI_MODAL_INPUTS,)
+#: a vision-language row's decoded images (non-tensor: {"image": [PIL RGB images]} per row, empty without image;
+#: veRL's name), what the image processor made multi_modal_inputs from: engines that process images themselves
+#: (SGLang, vLLM) take them with the prompt. Only generation reads it.
+MULTI_MODAL_DATA = "multi_modal_data"
+NON_TENSOR_GENERATION_INPUTS = (*NON_TENSOR_MODEL_INPUTS, MULTI_MODAL_DATA)
 
 
 def non_tensor_inputs(non_tensor_batch: Mapping) -> list[str]:
     """The non-tensor model inputs a batch has (its `non_tensor_batch`): select them along with MODEL_INPUTS."""
     return [key for key in NON_TENSOR_MODEL_INPUTS if key in non_tensor_batch]
+
+
+def non_tensor_generation_inputs(non_tensor_batch: Mapping) -> list[str]:
+    """What generation reads beside MODEL_INPUTS: the non-tensor model inputs and the rows' images."""
+    return [key for key in NON_TENSOR_GENERATION_INPUTS if key in non_tensor_batch]
 
 
 def select_inputs(batch, keys):
@@ -81,6 +91,7 @@ COLUMNS = {
     POSITION_IDS: "positions of input_ids [B, T]; [B, 4, T] for a vision-language model (text, then M-RoPE's "
                   "time, height and width axes)",
     MULTI_MODAL_INPUTS: "a vision-language row's pixel_values and image_grid_thw (non-tensor dict)",
+    MULTI_MODAL_DATA: "a vision-language row's decoded images, {'image': [PIL images]} (non-tensor dict)",
     PROMPTS: "the left-padded prompt ids [B, P]",
     RESPONSES: "generated ids, right-padded [B, R]",
     RESPONSE_MASK: "1 for generated tokens up to and including the stop token [B, R]",

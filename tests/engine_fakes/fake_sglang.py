@@ -23,7 +23,8 @@ from engine_fakes.fake_sglang_server import make_launch_server
 
 GPU_MEMORY_ALL_TYPES = ["kv_cache", "weights", "cuda_graph"]
 ENV_SEEN = ("CUDA_VISIBLE_DEVICES", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "SGLANG_BLOCK_NONZERO_RANK_CHILDREN",
-            "NCCL_NVLS_ENABLE", "NCCL_GRAPH_REGISTER", "PYTORCH_CUDA_ALLOC_CONF", "SGLANG_MEMORY_SAVER_CUDA_GRAPH")
+            "NCCL_NVLS_ENABLE", "NCCL_GRAPH_REGISTER", "PYTORCH_CUDA_ALLOC_CONF", "SGLANG_MEMORY_SAVER_CUDA_GRAPH",
+            "SGLANG_MM_AVOID_RETOKENIZE")
 _BASE_FIELDS: list[tuple[str, Any]] = [
     ("model_path", None), ("tokenizer_path", None), ("skip_tokenizer_init", False), ("trust_remote_code", False),
     ("dtype", "auto"), ("load_format", "auto"), ("mem_fraction_static", None), ("enable_memory_saver", False),
@@ -106,6 +107,8 @@ class FakeSGLang:
     async_rounds: Any = None
     #: seconds each of those rounds takes (0: one event-loop iteration)
     round_s: float = 0.0
+    #: the image_data of each async_generate request that had one, by its first request id
+    image_data: dict[str, Any] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -189,6 +192,8 @@ def _engine_class(state: FakeSGLang, server_args_cls: type) -> type:
                 rids = [rid] if n == 1 and rid else [f"auto-{len(state.calls)}-{j}" for j in range(n)]
             if len(rids) != n:
                 raise ValueError(f"rid has {len(rids)} entries for n={n}")
+            if kwargs.get("image_data") is not None:
+                state.image_data[rids[0]] = kwargs["image_data"]
             params = self._clipped(input_ids, {**sampling_params, "n": 1})
             samples = []
             for j in range(n):

@@ -2,8 +2,8 @@
 SGLang's http_server (documented in /work/shared/reference/engine-apis.md and read from SGLang's server clients):
 /health, /health_generate, /generate, /abort_request, /release_memory_occupation, /resume_memory_occupation,
 /update_weights_from_tensor (serialized_named_tensors: one MultiprocessingSerializer string per TP rank), /flush_cache
-and, from 0.5.21, /begin_weight_update and /end_weight_update. /fake_calls (test-only) returns what the engine was
-asked, so a test in another process can check it.
+and, from 0.5.21, /begin_weight_update and /end_weight_update. /fake_calls and /fake_image_data (test-only) return
+what the engine was asked and the image_data of its requests, so a test in another process can check them.
 
 `write_importable_package(site_dir)` writes an `sglang` package that installs the stand-in when a subprocess imports
 it (with site_dir and tests/ on its PYTHONPATH, FAKE_SGLANG_VERSION and FAKE_SGLANG_DIST in its environment;
@@ -72,7 +72,7 @@ def make_launch_server(state, engine_cls, serializer):
             try:
                 out = await engine.async_generate(input_ids=body["input_ids"], sampling_params=body["sampling_params"],
                                                   return_logprob=body.get("return_logprob", False),
-                                                  rid=body.get("rid"))
+                                                  rid=body.get("rid"), image_data=body.get("image_data"))
             except RuntimeError as e:
                 return ok({"error": {"message": str(e)}}, 400)
             return ok(out)
@@ -107,6 +107,9 @@ def make_launch_server(state, engine_cls, serializer):
             return ok([[c[0], *(x for x in c[1:] if isinstance(x, (str, bool, int, list)) and c[0] != "Engine")]
                        for c in state.calls])
 
+        async def fake_image_data(request):
+            return ok(state.image_data)
+
         @web.middleware
         async def log_requests(request, handler):
             print(request.method, request.path, flush=True)  # the log the engine's start-up errors quote
@@ -125,6 +128,7 @@ def make_launch_server(state, engine_cls, serializer):
             app.router.add_post("/begin_weight_update", session)
             app.router.add_post("/end_weight_update", session)
         app.router.add_get("/fake_calls", fake_calls)
+        app.router.add_get("/fake_image_data", fake_image_data)
         web.run_app(app, host=server_args.host, port=server_args.port, loop=loop, print=None,
                     handle_signals=True)
 

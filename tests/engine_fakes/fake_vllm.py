@@ -197,6 +197,8 @@ class FakeVLLM:
     steps_of: Any = default_steps
     #: seconds each engine step takes
     step_s: float = 0.0
+    #: the multi_modal_data of each request that had one, by request id
+    multi_modal_data: dict[str, dict] = field(default_factory=dict)
     #: the server: seconds each engine step takes (without blocking its event loop); why the engine fails to start
     server_step_s: float = 0.0
     start_error: str | None = None
@@ -232,6 +234,8 @@ def _engine_class(state: FakeVLLM, llm) -> type:
             sp = params.kwargs
             ids = list(prompt["prompt_token_ids"])
             state.calls.append(("add_request", request_id, ids, dict(sp), params.output_kind))
+            if "multi_modal_data" in prompt:
+                state.multi_modal_data[request_id] = prompt["multi_modal_data"]
             sample = sum(1 for entry in self.running.values() if entry["prompt"] == ids)
             rule = {"max_new_tokens": sp["max_tokens"], "stop_token_ids": sp["stop_token_ids"]}
             tokens, lps, reason = state.completion(ids, sample, rule)

@@ -104,3 +104,20 @@ def test_an_unsupported_release_fails_before_ray_and_auto_skips_it(tmp_path):
         assert resolve_engine_name("sglang") == "sglang" == resolve_engine_name("auto")
     finally:
         state.undo()
+
+
+def test_auto_for_a_vision_language_model_takes_an_engine_with_image_input(tmp_path):
+    """A vision-language run (main_ppo asks for supports_image_input, and supports_server_image_input in server
+    mode): auto takes vLLM in process, but not for server mode (its server takes no images), where it falls back to
+    hf when SGLang is not installed."""
+    from engine_fakes.fake_vllm import install_fake_vllm
+    from verlx.rollout.base import resolve_engine_name
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed here")
+    state = install_fake_vllm("0.26.0", str(tmp_path))
+    try:
+        assert resolve_engine_name("auto", ("supports_image_input",)) == "vllm"
+        assert resolve_engine_name("auto", ("supports_image_input", "supports_server_image_input")) == "hf"
+    finally:
+        state.undo()

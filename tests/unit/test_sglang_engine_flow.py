@@ -88,6 +88,7 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
         "NCCL_GRAPH_REGISTER": "0",
         "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1",
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64",
+        "SGLANG_MM_AVOID_RETOKENIZE": "true",
     }
     # what sglang.Engine() wrote into the caller is put back, and so is the multiprocessing start method
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:64"

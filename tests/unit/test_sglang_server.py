@@ -7,6 +7,8 @@ its log's last lines and what to check; an engine without a server is refused be
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import multiprocessing as mp
 import os
@@ -14,6 +16,7 @@ import socket
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
@@ -88,6 +91,32 @@ def test_the_stream_and_the_weights_go_through_the_server(fake, tmp_path):
         engine.shutdown()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+def test_images_go_to_the_server_as_base64_png_of_the_same_pixels(fake, tmp_path):
+    from PIL import Image
+
+    from helpers.vision_requests import ENGINE_PROMPTS, IMAGES, check_rollout, vision_batch, vl_ctx
+
+    ctx = vl_ctx(tmp_path, load_format="auto")
+    ctx.config.server = RolloutServerConfig(enable=True, port=free_port(), startup_timeout_s=60)
+    engine = SGLangRolloutEngine(ctx)
+    try:
+        out = engine.generate(vision_batch({"n": 2}))
+        requests = [c for c in calls(engine.server_url) if c[0] == "async_generate"]
+        with urllib.request.urlopen(f"{engine.server_url}/fake_image_data", timeout=10) as response:
+            image_data = json.loads(response.read())
+    finally:
+        engine.shutdown()
+    assert [c[1] for c in requests] == ENGINE_PROMPTS
+    assert sorted(image_data) == sorted(c[-1][0] for c in requests if c[1] != [9])  # c[-1]: the request ids
+    for call, images in zip(requests, IMAGES):
+        if not images:
+            continue
+        [sent] = image_data[call[-1][0]]  # n=2: one list for the prompt
+        decoded = [Image.open(io.BytesIO(base64.b64decode(text))).convert("RGB") for text in sent]
+        assert [np.asarray(d).tolist() for d in decoded] == [np.asarray(i).tolist() for i in images]
+    check_rollout(out, 2)
 
 
 def test_a_partial_rollout_aborts_the_requests_on_the_server(fake, tmp_path, monkeypatch):

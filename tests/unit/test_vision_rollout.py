@@ -95,17 +95,39 @@ def test_hf_engine_generates_from_images_like_transformers(setup):
                                atol=2e-5)
 
 
-@pytest.mark.parametrize("engine", ["native", "sglang", "vllm"])
-def test_engines_without_image_input_are_refused_before_ray(setup, engine):
-    path = setup[0]
+def test_the_native_engine_is_refused_before_ray_naming_the_key(setup):
     cfg = PPOConfig()
-    cfg.actor_rollout_ref.model.path = path
-    cfg.actor_rollout_ref.rollout.name = engine
+    cfg.actor_rollout_ref.model.path = setup[0]
+    cfg.actor_rollout_ref.rollout.name = "native"
     problems = capability_problems(cfg)
     assert len(problems) == 1
     assert ("actor_rollout_ref.model.path (a vision-language model, qwen2_vl) needs a rollout engine that takes "
             "image inputs") in problems[0]
-    assert f"actor_rollout_ref.rollout.name={engine} cannot" in problems[0]
-    assert "supports_image_input is False); use actor_rollout_ref.rollout.name=hf" in problems[0]
-    cfg.actor_rollout_ref.rollout.name = "hf"
+    assert "actor_rollout_ref.rollout.name=native cannot" in problems[0]
+    assert ("supports_image_input is False); use actor_rollout_ref.rollout.name=hf or actor_rollout_ref.rollout."
+            "name=sglang or actor_rollout_ref.rollout.name=vllm") in problems[0]
+
+
+@pytest.mark.parametrize("engine", ["hf", "sglang", "vllm"])
+def test_engines_with_image_input_pass(setup, engine):
+    cfg = PPOConfig()
+    cfg.actor_rollout_ref.model.path = setup[0]
+    cfg.actor_rollout_ref.rollout.name = engine
     assert capability_problems(cfg) == []
+
+
+def test_server_mode_takes_images_on_sglang_only(setup):
+    cfg = PPOConfig()
+    cfg.actor_rollout_ref.model.path = setup[0]
+    cfg.actor_rollout_ref.rollout.server.enable = True
+    cfg.actor_rollout_ref.rollout.name = "sglang"
+    assert capability_problems(cfg) == []
+    cfg.actor_rollout_ref.rollout.name = "vllm"
+    problems = capability_problems(cfg)
+    assert len(problems) == 1
+    assert problems[0] == (
+        "actor_rollout_ref.model.path (a vision-language model, qwen2_vl) with actor_rollout_ref.rollout.server."
+        "enable=true needs a rollout engine that takes image inputs in server mode (vLLM's server mode does not "
+        "support them), but actor_rollout_ref."
+        "rollout.name=vllm cannot (VLLMRolloutEngine.supports_server_image_input is False); use "
+        "actor_rollout_ref.rollout.name=sglang")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verlx.batch_columns import MULTI_MODAL_INPUTS
+from verlx.batch_columns import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
 from verlx.config.loader import DataError
 from verlx.config.run import DataConfig
 from verlx.data.parquet import read_parquet_columns
@@ -32,6 +32,7 @@ from verlx.data.vision_prompts import (
     as_image_prompts,
     checked_row_images,
     checked_vision_inputs,
+    decode_image,
     expand_image_tokens,
     row_images,
 )
@@ -355,16 +356,18 @@ class RLHFDataset:
         return DataProto(tensors, non_tensor)
 
     def _add_vision(self, idx: np.ndarray, tensors: dict[str, torch.Tensor], non_tensor: dict) -> None:
-        """The rows' pixels (multi_modal_inputs) and M-RoPE position_ids [B, 4, T]."""
+        """The rows' images (multi_modal_data), their pixels (multi_modal_inputs) and M-RoPE position_ids
+        [B, 4, T]."""
         cells = self._images[idx] if self._images is not None else [None] * len(idx)
-        inputs = [checked_vision_inputs(self.images, row_images(cell), tensors["input_ids"][row],
-                                        self._where(self._origins[i])) for row, (i, cell) in
-                  enumerate(zip(idx.tolist(), cells))]
+        images = [[decode_image(value) for value in row_images(cell)] for cell in cells]
+        inputs = [checked_vision_inputs(self.images, row, tensors["input_ids"][i], self._where(self._origins[origin]))
+                  for i, (origin, row) in enumerate(zip(idx.tolist(), images))]
         grids = [x.get("image_grid_thw") for x in inputs]
         model = self.images.model
         tensors["position_ids"] = batch_position_ids(tensors["input_ids"], tensors["attention_mask"], grids,
                                                      model.image_token_id, model.merge_size)
         non_tensor[MULTI_MODAL_INPUTS] = object_array(inputs)
+        non_tensor[MULTI_MODAL_DATA] = object_array([{"image": row} if row else {} for row in images])
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         n = len(self)

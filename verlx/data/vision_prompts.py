@@ -174,8 +174,9 @@ def expand_image_tokens(ids: list[int], counts: list[int], image_token_id: int, 
 
 def checked_vision_inputs(prompts: ImagePrompts, images: list, input_ids: torch.Tensor, where: str
                           ) -> dict[str, torch.Tensor]:
-    """One row's vision inputs, checked against its image tokens (the image processor must resize as it counted)."""
-    inputs = prompts.vision_inputs([decode_image(value) for value in images])
+    """One row's vision inputs from its decoded images, checked against its image tokens (the image processor must
+    resize as it counted)."""
+    inputs = prompts.vision_inputs(images)
     expected = int(image_token_counts(inputs[IMAGE_GRID_THW], prompts.model.merge_size).sum()) if inputs else 0
     found = int((input_ids == prompts.model.image_token_id).sum())
     if found != expected:

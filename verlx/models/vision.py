@@ -120,6 +120,20 @@ def causal_lm_class(hf_config):
     return AutoModelForImageTextToText if vision_language_model(hf_config) is not None else AutoModelForCausalLM
 
 
+#: transformers 5 names a Qwen2-VL / Qwen2.5-VL model's parts model.language_model.* and model.visual.*; checkpoints
+#: (transformers 5 converts back when it saves), and so the loaders of SGLang and vLLM, name them model.* and visual.*
+_CHECKPOINT_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+
+
+def checkpoint_weight_name(name: str) -> str:
+    """A vision-language policy parameter's name as its checkpoint stores it (lm_head and checkpoint names are
+    unchanged)."""
+    for ours, theirs in _CHECKPOINT_PREFIXES:
+        if name.startswith(ours):
+            return theirs + name[len(ours):]
+    return name
+
+
 def vision_tower(hf_model) -> torch.nn.Module:
     """The image encoder (patch embedding, blocks and merger) of a vision-language model."""
     return hf_model.model.visual

@@ -191,6 +191,8 @@ class RolloutEngine(abc.ABC):
     tensor_parallel_in_lockstep: ClassVar[bool] = False
     #: loads vision-language models and generates from prompts with images (a request's vision inputs)
     supports_image_input: ClassVar[bool] = False
+    #: takes image inputs in server mode too (rollout.server.enable): its server's generate request carries images
+    supports_server_image_input: ClassVar[bool] = False
 
     def __init__(self, ctx: RolloutContext):
         self.ctx = ctx

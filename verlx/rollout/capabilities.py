@@ -85,9 +85,13 @@ def _needs(cfg) -> dict[str, tuple[str, str]]:
         needs["supports_server"] = (f"{ROLLOUT}.server.enable=true", "serves its requests from an HTTP server")
     model_type = checkpoint_model_type(cfg.actor_rollout_ref.model.path)
     if model_type is not None:
-        needs["supports_image_input"] = (f"actor_rollout_ref.model.path (a vision-language model, {model_type})",
-                                         "takes image inputs (vision-language models; image input is not supported "
-                                         "yet on SGLang, vLLM and the native engine)")
+        model = f"actor_rollout_ref.model.path (a vision-language model, {model_type})"
+        needs["supports_image_input"] = (model, "takes image inputs (vision-language models; the native engine "
+                                         "does not support them)")
+        if cfg.actor_rollout_ref.rollout.server.enable:
+            needs["supports_server_image_input"] = (f"{model} with {ROLLOUT}.server.enable=true",
+                                                    "takes image inputs in server mode (vLLM's server mode does not "
+                                                    "support them)")
     return needs
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from verlx.models.vision import checkpoint_weight_name, vision_language_model
 from verlx.rollout.base import RolloutContext, RolloutEngine
 from verlx.rollout.engine_versions import check_engine_version, install_command
 from verlx.rollout.memory_budget import EngineFootprint, check_budget, kv_bytes_per_token
@@ -38,8 +39,16 @@ class ExternalEngine(RolloutEngine):
         self.version = check_engine_version(self.requires_package)
         self.layout = ctx.layout
         self.tie_word_embeddings = bool(getattr(ctx.hf_config, "tie_word_embeddings", False))
-        #: the HF names a push must cover before a dummy-loaded (or discarded) engine may generate
-        self.expected_names = expected_push_names(ctx.model_path, self.tie_word_embeddings)
+        #: a vision-language model's image token and merge size (None for a text model): requests with images
+        self.vision = vision_language_model(ctx.hf_config)
+        #: a pushed parameter's name as the engine's loader takes it: a vision-language model's in its checkpoint's
+        #: layout (model.*, visual.*; the trainer's transformers model names them model.language_model.*,
+        #: model.visual.*); None: the HF name
+        self.engine_weight_name = checkpoint_weight_name if self.vision is not None else None
+        #: the names a push must cover before a dummy-loaded (or discarded) engine may generate
+        expected = expected_push_names(ctx.model_path, self.tie_word_embeddings)
+        self.expected_names = (frozenset(map(self.engine_weight_name, expected))
+                               if expected is not None and self.engine_weight_name else expected)
         if ctx.device.type == "cuda":
             self._check_memory_budget()
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from verlx.batch_columns import MULTI_MODAL_INPUTS, PARTIAL_COLUMNS
+from verlx.batch_columns import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS, PARTIAL_COLUMNS
 from verlx.protocol import DataProto
 from verlx.rollout.base import build_rollout_batch, resolve_sampling
 from verlx.rollout.seeds import batch_row_seeds, row_seed
@@ -83,14 +83,14 @@ def _check_vision(engine, prompts: DataProto) -> None:
     if rows is not None and any(rows) and not engine.supports_image_input:
         raise ValueError(f"the prompts have images, but the {engine.name} rollout engine does not take image inputs "
                          f"({type(engine).__name__}.supports_image_input is False); use actor_rollout_ref.rollout."
-                         "name=hf")
+                         "name=hf, sglang or vllm")
 
 
 def _submit(stream, prompts: DataProto, prompt_ids: list[list[int]], prefixes, params, response_len: int,
             partial: bool) -> list[int]:
     """One request per row (key: the row number), with the row's vision inputs; returns each row's token budget."""
-    vision = prompts.non_tensor_batch.get(MULTI_MODAL_INPUTS)
-    vision = list(vision) if vision is not None else [None] * len(prompt_ids)
+    vision = _column(prompts, MULTI_MODAL_INPUTS)
+    images = [(row or {}).get("image") for row in _column(prompts, MULTI_MODAL_DATA)]
     if partial:
         budgets = []
         for row, (ids, (prefix, _)) in enumerate(zip(prompt_ids, prefixes)):
@@ -98,7 +98,8 @@ def _submit(stream, prompts: DataProto, prompt_ids: list[list[int]], prefixes, p
             if budget < 1:
                 raise ValueError(f"partial rollout: row {row} already has {len(prefix)} response tokens, the whole "
                                  f"rollout.response_length={response_len}; it should not have been continued")
-            stream.submit(str(row), ids + prefix, budget, row_seed(stream.base_seed, row), vision=vision[row])
+            stream.submit(str(row), ids + prefix, budget, row_seed(stream.base_seed, row), vision=vision[row],
+                          images=images[row])
             budgets.append(budget)
         return budgets
     n = params.n
@@ -106,8 +107,14 @@ def _submit(stream, prompts: DataProto, prompt_ids: list[list[int]], prefixes, p
     for i, ids in enumerate(prompt_ids):
         rows = range(i * n, (i + 1) * n)
         stream.submit_samples([str(r) for r in rows], ids, params.max_new_tokens, [seeds[r] for r in rows],
-                              vision=vision[i])
+                              vision=vision[i], images=images[i])
     return [params.max_new_tokens] * (len(prompt_ids) * n)
+
+
+def _column(prompts: DataProto, key: str) -> list:
+    """A non-tensor column's rows (None for each row when the batch has no such column)."""
+    values = prompts.non_tensor_batch.get(key)
+    return list(values) if values is not None else [None] * len(prompts)
 
 
 def _run(stream, interrupted: Callable[[], bool] | None) -> tuple[dict[str, Finished], bool]:

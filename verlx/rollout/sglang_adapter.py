@@ -74,6 +74,9 @@ class SGLangFeatures:
             "SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0",
             # torch_memory_saver and NCCL graph buffer registration do not mix.
             "NCCL_GRAPH_REGISTER": "0",
+            # A prompt with images keeps verlx's ids, each image token expanded to its image's count, instead of
+            # being decoded to text and tokenized again (on by default in 0.5.17; said here so no release differs).
+            "SGLANG_MM_AVOID_RETOKENIZE": "true",
         }
 
 

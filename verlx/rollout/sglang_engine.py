@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from verlx.models.vision import VisionLanguageModel
 from verlx.rollout.base import RolloutContext, SamplingParams, T
 from verlx.rollout.engine_layout import engine_visible_devices
 from verlx.rollout.external import ExternalEngine
+from verlx.rollout.image_requests import image_prompt, sglang_image_data
 from verlx.rollout.kernel_backends import inventory as kernel_inventory
 from verlx.rollout.residency import WEIGHTS
 from verlx.rollout.sglang_adapter import (
@@ -89,6 +91,8 @@ class SGLangRolloutEngine(ExternalEngine):
     requires_package = "sglang"
     supports_partial_rollout = True
     supports_server = True  # rollout.server.enable: SGLang's HTTP server per replica (sglang_server.py)
+    supports_image_input = True  # Qwen2-VL / Qwen2.5-VL: image_data beside input_ids (rollout/image_requests.py)
+    supports_server_image_input = True  # the server's /generate takes the same image_data, base64-encoded
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
@@ -190,7 +194,7 @@ class SGLangRolloutEngine(ExternalEngine):
     def _open_stream(self, params: SamplingParams, partial: bool) -> SGLangStream:
         """An aborted request always comes back with its tokens (`partial` changes nothing)."""
         return SGLangStream(self._engine, params, self.stream_limits(), bool(self.config.calculate_log_probs),
-                            f"verlx-{next(self._streams)}-")
+                            f"verlx-{next(self._streams)}-", self.vision)
 
     # ------------------------------------------------------------------ memory
     def _release(self) -> None:
@@ -213,8 +217,8 @@ class SGLangRolloutEngine(ExternalEngine):
         """
         set_expandable_segments(False)  # CUDA IPC cannot share tensors that live in expandable segments
         weights = iter_engine_weights(
-            named_tensors, engine_dtype(self.config.dtype), self.tie_word_embeddings, device=self.ctx.device
-        )
+            named_tensors, engine_dtype(self.config.dtype), self.tie_word_embeddings, device=self.ctx.device,
+            rename=self.engine_weight_name)
         pushed: set[str] = set()
         self._begin_session()
         try:
@@ -286,14 +290,18 @@ class SGLangStream(TaskStream):
     goes through TokenizerManager.abort_request: one abort_all when every request still running is cancelled (as
     veRL did), else one per request id."""
 
-    def __init__(self, engine, params: SamplingParams, limits: StreamLimits, want_log_probs: bool, prefix: str):
+    def __init__(self, engine, params: SamplingParams, limits: StreamLimits, want_log_probs: bool, prefix: str,
+                 vision: VisionLanguageModel | None = None):
         super().__init__(engine.loop, params, limits, want_log_probs, prefix)
-        self.engine = engine
+        self.engine, self.vision = engine, vision
 
     def _request(self, request_ids, prompt_ids, params):
-        return self.engine.async_generate(input_ids=prompt_ids, sampling_params=sglang_sampling_params(params),
+        key = request_ids[0].removeprefix(self.prefix)
+        ids, images = image_prompt(prompt_ids, self.vision_inputs.get(key), self.images.get(key), self.vision)
+        return self.engine.async_generate(input_ids=ids, sampling_params=sglang_sampling_params(params),
                                           return_logprob=self.want_log_probs,
-                                          rid=request_ids if len(request_ids) > 1 else request_ids[0])
+                                          rid=request_ids if len(request_ids) > 1 else request_ids[0],
+                                          image_data=sglang_image_data(images, len(request_ids)))
 
     def _finished(self, result, keys):
         return [Finished(key, sample.token_ids, sample.log_probs, sample.finish_reason, sample.detail)

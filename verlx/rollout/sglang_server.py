@@ -18,6 +18,7 @@ import json
 from types import SimpleNamespace
 
 from verlx.rollout.engine_server import EngineServer
+from verlx.rollout.image_requests import base64_png
 
 
 class SGLangServer(EngineServer):
@@ -35,9 +36,12 @@ class SGLangServer(EngineServer):
 
     # ------------------------------------------------------------------ generation
     async def async_generate(self, input_ids: list[int], sampling_params: dict, return_logprob: bool = False,
-                             rid: str | list[str] | None = None) -> dict | list[dict]:
-        return await self._post_json("generate", {"input_ids": input_ids, "sampling_params": sampling_params,
-                                                  "return_logprob": return_logprob, "rid": rid})
+                             rid: str | list[str] | None = None, image_data: list | None = None) -> dict | list[dict]:
+        payload = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob,
+                   "rid": rid}
+        if image_data is not None:
+            payload["image_data"] = encoded_image_data(image_data)
+        return await self._post_json("generate", payload)
 
     def _abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self._call("abort_request", {"rid": rid, "abort_all": abort_all})
@@ -78,6 +82,12 @@ class SGLangServer(EngineServer):
         if isinstance(answer, dict) and "success" in answer:
             return bool(answer["success"]), str(answer.get("message", ""))
         return status == 200, body[:500]
+
+
+def encoded_image_data(image_data: list) -> list:
+    """A request's image_data (images, or one list of images per prompt) with each image as base64 PNG text: what
+    the server's JSON carries and its image loader decodes."""
+    return [encoded_image_data(item) if isinstance(item, list) else base64_png(item) for item in image_data]
 
 
 def main() -> None:

@@ -61,33 +61,32 @@ class RequestStream(abc.ABC):
         self.params, self.limits, self.want_log_probs = params, limits, want_log_probs
         #: the seed a generation's rows derive theirs from (set by RolloutEngine.open_stream)
         self.base_seed = 0
-        #: the vision inputs (pixel_values, image_grid_thw) of requests with images, by key; only an engine that
-        #: declares supports_image_input is given any (rollout/generation.py checks)
+        #: the vision inputs (pixel_values, image_grid_thw) and the decoded images of requests with images, by key;
+        #: only an engine that declares supports_image_input is given any (rollout/generation.py checks)
         self.vision_inputs: dict[str, dict] = {}
+        self.images: dict[str, list] = {}
         self._out: set[str] = set()
         self._returned: list[Finished] = []
 
     # ------------------------------------------------------------------ the contract
     def submit(self, key: str, prompt_ids: list[int], max_new_tokens: int, seed: int,
-               follows: str | None = None, vision: dict | None = None) -> None:
+               follows: str | None = None, vision: dict | None = None, images: list | None = None) -> None:
         """Queue one request. `seed`: its sampling seed (engines that draw from one generator of their own ignore
         it); `follows`: the key of an earlier request of the same conversation whose prompt and output
-        `prompt_ids` extend (an engine may reuse that request's KV cache; a hint only); `vision`: the vision
-        inputs of a prompt with images (`vision_inputs`)."""
+        `prompt_ids` extend (an engine may reuse that request's KV cache; a hint only); `vision` and `images`: the
+        vision inputs and the decoded images of a prompt with images (`vision_inputs`, `images`)."""
         self._check(key, prompt_ids, max_new_tokens)
-        if vision:
-            self.vision_inputs[key] = vision
+        self._keep_vision(key, vision, images)
         self._submit(key, list(prompt_ids), int(max_new_tokens), int(seed), follows)
         self._out.add(key)
 
     def submit_samples(self, keys: list[str], prompt_ids: list[int], max_new_tokens: int, seeds: list[int],
-                       vision: dict | None = None) -> None:
+                       vision: dict | None = None, images: list | None = None) -> None:
         """The samples of one prompt, one request (key) each; engines that prefill a prompt once for all its
         samples (SGLang's parallel sampling) take them as one and return them together."""
         for key in keys:
             self._check(key, prompt_ids, max_new_tokens)
-            if vision:
-                self.vision_inputs[key] = vision
+            self._keep_vision(key, vision, images)
         self._submit_samples(list(keys), list(prompt_ids), int(max_new_tokens), [int(s) for s in seeds])
         self._out.update(keys)
 
@@ -140,6 +139,12 @@ class RequestStream(abc.ABC):
 
     async def _progress(self) -> None:
         """Wait (on `loop`) until a request may have finished; engines driven by step calls need not."""
+
+    def _keep_vision(self, key: str, vision: dict | None, images: list | None) -> None:
+        if vision:
+            self.vision_inputs[key] = vision
+        if images:
+            self.images[key] = images
 
     # ------------------------------------------------------------------ checks
     def _check(self, key: str, prompt_ids: list[int], max_new_tokens: int) -> None:

@@ -8,9 +8,10 @@ documented vllm 0.11–0.33 in-process API (docs/rollout.md lists them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from verlx.models.vision import vision_language_model
 from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.engine_layout import EngineLayout
 from verlx.rollout.kernel_backends import KernelInventory, vllm_backends
@@ -45,14 +46,16 @@ def build_llm_args(ctx: RolloutContext, layout: EngineLayout, field_names: Itera
     An attention backend whose kernels are missing here is replaced (logged) unless engine_kwargs names one.
 
     seed is the same on every rank of a TP group (rollout.seed + data-parallel rank): vLLM's SPMD mode needs TP
-    peers to sample identically, and different replicas to sample differently.
+    peers to sample identically, and different replicas to sample differently. A vision-language model keeps its
+    tokenizer (vLLM's multimodal processor reads the image token from it, as veRL lets it); prompts still go in as
+    ids and come back as ids (detokenize=False).
     """
     cfg = ctx.config
     field_names = frozenset(field_names)
     args: dict[str, Any] = dict(
         model=ctx.model_path,
         tokenizer=ctx.tokenizer_path or ctx.model_path,
-        skip_tokenizer_init=True,
+        skip_tokenizer_init=vision_language_model(ctx.hf_config) is None,
         trust_remote_code=ctx.trust_remote_code,
         tensor_parallel_size=layout.tp_size,
         distributed_executor_backend="external_launcher",
@@ -139,13 +142,35 @@ def finish_of(completion) -> tuple[str, str]:
     return str(completion.finish_reason), str(completion.stop_reason or "")
 
 
-def unloaded_names(sent: list[str], loaded: set[str], packed_modules_mapping: dict[str, list[str]]) -> list[str]:
-    """HF names sent to model.load_weights that it did not load. vLLM reports its own parameter names, where
+#: vLLM's Qwen2-VL and Qwen2.5-VL classes hold the text model as `language_model` and the image encoder as `visual`;
+#: their load_weights maps checkpoint names with the class's hf_to_vllm_mapper (these prefixes, first match, in
+#: vllm 0.26.0's models/qwen2_vl.py and qwen2_5_vl.py) and reports what it loaded under the mapped names
+VISION_LANGUAGE_PREFIXES = (
+    ("model.language_model.", "language_model.model."),
+    ("model.visual.", "visual."),
+    ("lm_head.", "language_model.lm_head."),
+    ("model.", "language_model.model."),
+)
+
+
+def vision_language_param_name(name: str) -> str:
+    """The vLLM parameter a Qwen2-VL / Qwen2.5-VL checkpoint name loads into (before q/k/v and gate/up fusion)."""
+    for prefix, replacement in VISION_LANGUAGE_PREFIXES:
+        if name.startswith(prefix):
+            return replacement + name[len(prefix):]
+    return name
+
+
+def unloaded_names(sent: list[str], loaded: set[str], packed_modules_mapping: dict[str, list[str]],
+                   param_name: Callable[[str], str] | None = None) -> list[str]:
+    """Names sent to model.load_weights that it did not load. vLLM reports its own parameter names: `param_name`
+    maps a sent name to one (a vision-language model's, vision_language_param_name; None: the same name), and
     shards are fused (q/k/v_proj → qkv_proj, gate/up_proj → gate_up_proj per the model's
     packed_modules_mapping), so a sent shard counts as loaded when its fused parameter was."""
     fused_of = {shard: fused for fused, shards in packed_modules_mapping.items() for shard in shards}
     missing = []
-    for name in sent:
+    for sent_name in sent:
+        name = param_name(sent_name) if param_name is not None else sent_name
         if name in loaded:
             continue
         parts = name.split(".")
@@ -153,7 +178,7 @@ def unloaded_names(sent: list[str], loaded: set[str], packed_modules_mapping: di
             ".".join(parts[:i] + [fused_of[part]] + parts[i + 1 :]) for i, part in enumerate(parts) if part in fused_of
         }
         if not fused_names & loaded:
-            missing.append(name)
+            missing.append(sent_name)
     return missing
 
 

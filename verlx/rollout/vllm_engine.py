@@ -25,9 +25,11 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from verlx.models.vision import VisionLanguageModel
 from verlx.rollout.base import RolloutContext, SamplingParams, T
 from verlx.rollout.engine_layout import engine_visible_devices
 from verlx.rollout.external import ExternalEngine
+from verlx.rollout.image_requests import image_prompt, vllm_prompt
 from verlx.rollout.kernel_backends import inventory as kernel_inventory
 from verlx.rollout.residency import KV_CACHE, WAKE_ORDER, EngineStateError
 from verlx.rollout.stream import ABORT, Finished, RequestStream, StreamLimits
@@ -41,6 +43,7 @@ from verlx.rollout.vllm_adapter import (
     parse_generate_response,
     server_sampling_params,
     unloaded_names,
+    vision_language_param_name,
     vllm_sampling_kwargs,
 )
 from verlx.rollout.weight_sync import WeightSyncError, bucket_bytes_of, engine_dtype, iter_buckets, iter_engine_weights
@@ -58,6 +61,9 @@ class VLLMRolloutEngine(ExternalEngine):
     supports_partial_rollout = True
     supports_server = True  # rollout.server.enable: vLLM's OpenAI-compatible server per replica (vllm_server.py)
     tensor_parallel_in_lockstep = True  # in-process only: in server mode the group's first rank drives its server
+    #: Qwen2-VL / Qwen2.5-VL in-process: multi_modal_data beside the prompt ids (rollout/image_requests.py); not in
+    #: server mode, where verlx's /inference/v1/generate requests carry token ids only
+    supports_image_input = True
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
@@ -85,6 +91,8 @@ class VLLMRolloutEngine(ExternalEngine):
             packed = getattr(model, "packed_modules_mapping", None) or {}
         self._param_names = frozenset(param_names)
         self._packed = dict(packed)
+        #: the vLLM parameter a pushed name loads into (its model class renames a vision-language checkpoint's)
+        self._param_name = vision_language_param_name if self.vision is not None else None
 
     @staticmethod
     def _engine_env() -> dict[str, str | None]:
@@ -171,7 +179,7 @@ class VLLMRolloutEngine(ExternalEngine):
             return VLLMServerStream(self._engine, params, self.stream_limits(), want_log_probs,
                                     f"verlx-{next(self._streams)}-")
         return VLLMStream(self._engine.llm_engine, params, self.stream_limits(), want_log_probs, partial,
-                          f"{next(self._streams)}-")
+                          f"{next(self._streams)}-", self.vision)
 
     # ------------------------------------------------------------------ memory
     def _release(self) -> None:
@@ -198,15 +206,15 @@ class VLLMRolloutEngine(ExternalEngine):
         (level 2) weights usable again."""
         set_expandable_segments(False)  # CUDA IPC (server mode) cannot share tensors in expandable segments
         weights = iter_engine_weights(
-            named_tensors, engine_dtype(self.config.dtype), self.tie_word_embeddings, device=self.ctx.device
-        )
+            named_tensors, engine_dtype(self.config.dtype), self.tie_word_embeddings, device=self.ctx.device,
+            rename=self.engine_weight_name)
         loaded_total: set[str] = set()
         pushed: set[str] = set()
         for bucket in iter_buckets(weights, bucket_bytes_of(self.config)):
             names = [name for name, _ in bucket]
             pushed.update(names)
             for loaded in self._load_bucket(bucket, names):
-                missing = unloaded_names(names, loaded, self._packed)
+                missing = unloaded_names(names, loaded, self._packed, self._param_name)
                 if missing:
                     raise WeightSyncError(
                         ENGINE, missing, f"model.load_weights did not load them (it loaded {sorted(loaded)[:6]}...)"
@@ -264,11 +272,11 @@ class VLLMStream(RequestStream):
     a cancelled request must return its tokens (partial rollout), as the new tokens of every step (DELTA)."""
 
     def __init__(self, llm_engine, params: SamplingParams, limits: StreamLimits, want_log_probs: bool, partial: bool,
-                 prefix: str):
+                 prefix: str, vision: VisionLanguageModel | None = None):
         super().__init__(params, limits, want_log_probs)
         from vllm.sampling_params import RequestOutputKind
 
-        self.llm_engine, self.prefix = llm_engine, prefix
+        self.llm_engine, self.prefix, self.vision = llm_engine, prefix, vision
         self.output_kind = RequestOutputKind.DELTA if partial else RequestOutputKind.FINAL_ONLY
         self.delta = partial
         self._live: dict[str, tuple[list[int], list[float]]] = {}  # vLLM request id -> tokens, log-probs so far
@@ -281,7 +289,8 @@ class VLLMStream(RequestStream):
         sampling = VLLMSamplingParams(**vllm_sampling_kwargs(params, self.want_log_probs))
         sampling.output_kind = self.output_kind
         request_id = self.prefix + key
-        self.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_ids), sampling)
+        ids, images = image_prompt(prompt_ids, self.vision_inputs.get(key), self.images.get(key), self.vision)
+        self.llm_engine.add_request(request_id, TokensPrompt(**vllm_prompt(ids, images)), sampling)
         self._live[request_id] = ([], [])
 
     def _step(self) -> list[Finished]:
@@ -324,6 +333,9 @@ class VLLMServerStream(TaskStream):
         self._request_of: dict[str, str] = {}  # a sample's request id -> the id its prompt's request went with
 
     def _request(self, request_ids, prompt_ids, params):
+        if self.images:  # preflight refuses it (supports_server_image_input); never drop a prompt's images
+            raise ValueError("vllm in server mode does not take image inputs; turn actor_rollout_ref.rollout.server."
+                             "enable off or use actor_rollout_ref.rollout.name=sglang")
         self._request_of.update((request_id, request_ids[0]) for request_id in request_ids)
         return self.server.generate(request_ids[0], prompt_ids, server_sampling_params(params, self.want_log_probs))
 

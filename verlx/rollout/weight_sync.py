@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -60,13 +60,17 @@ def iter_engine_weights(
     dtype: torch.dtype | None,
     tie_word_embeddings: bool,
     device: torch.device | None = None,
+    rename: Callable[[str], str] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named full tensors in the engine dtype (and on `device`); lm_head dropped when tied to the embeddings.
+    """HF-named full tensors in the engine dtype (and on `device`); lm_head dropped when tied to the embeddings;
+    `rename`: the engine's name of an HF name (a vision-language model's checkpoint layout).
 
     Sharded (DTensor) parameters are gathered one at a time with full_tensor(), a collective: every rank must
     iterate the same parameters in the same order, and the tied lm_head is skipped before gathering on all ranks.
     """
     kept = ((hf_param_name(n), t) for n, t in named_tensors)
+    if rename is not None:
+        kept = ((rename(n), t) for n, t in kept)
     kept = ((n, t) for n, t in kept if not (tie_word_embeddings and n == "lm_head.weight"))
     for name, tensor in gather_full(kept):
         tensor = tensor.detach()  # CUDA-IPC pickling refuses tensors that require grad

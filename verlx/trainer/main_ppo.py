@@ -82,7 +82,8 @@ def prepare(config: PPOConfig):
         logger.info(note)
     rollout = config.actor_rollout_ref.rollout
     processor = load_processor(config)
-    required = ("supports_image_input",) if processor is not None else ()
+    required = () if processor is None else (
+        ("supports_image_input", "supports_server_image_input") if rollout.server.enable else ("supports_image_input",))
     configured, rollout.name = rollout.name, resolve_engine_name(rollout.name, required)
     if configured == "auto":
         check_engine_capabilities(config, rollout.name)

@@ -14,7 +14,7 @@ import torch
 from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline, uses_critic
 from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
-from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS, non_tensor_inputs, select_inputs
+from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS, non_tensor_generation_inputs, select_inputs
 from verlx.config.schema import PPOConfig
 from verlx.metrics.data import compute_data_metrics
 from verlx.metrics.multi_turn import multi_turn_metrics
@@ -378,7 +378,8 @@ class RayPPOTrainer:
         if estimator_needs_greedy_baseline(cfg.algorithm.adv_estimator):
             with timed("gen_max", timing):
                 batch.batch["reward_baselines"] = self._greedy_baseline(batch)
-        batch.pop(batch_keys=list(MODEL_INPUTS), non_tensor_batch_keys=non_tensor_inputs(batch.non_tensor_batch))
+        batch.pop(batch_keys=list(MODEL_INPUTS),
+                  non_tensor_batch_keys=non_tensor_generation_inputs(batch.non_tensor_batch))
         batch.union(gen_out)
         return self._score(batch, metrics, timing)
 
@@ -445,7 +446,7 @@ class RayPPOTrainer:
     def _gen_inputs(self, batch: DataProto) -> DataProto:
         """The prompt tensors, plus the columns the agent loop reads (rollout.mode=async or multi_turn.enable)."""
         enabled = self.config.actor_rollout_ref.rollout.uses_agent_loop
-        return batch.select(list(MODEL_INPUTS), [*non_tensor_inputs(batch.non_tensor_batch),
+        return batch.select(list(MODEL_INPUTS), [*non_tensor_generation_inputs(batch.non_tensor_batch),
                                                  *agent_input_keys(batch, enabled)], [])
 
     def _generate(self, gen_batch: DataProto, do_sample: bool) -> DataProto:

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from verlx.batch_columns import MODEL_INPUTS, non_tensor_inputs
+from verlx.batch_columns import MODEL_INPUTS, non_tensor_generation_inputs
 from verlx.reward.managers import RewardFailure
 from verlx.rollout.agent.inputs import agent_input_keys
 from verlx.trainer.generation_dump import generation_records, write_jsonl
@@ -37,7 +37,7 @@ class Validator:
         records: list[dict] = []
         for batch in loader:
             batch = batch.repeat(n, interleave=True)
-            inputs = non_tensor_inputs(batch.non_tensor_batch)
+            inputs = non_tensor_generation_inputs(batch.non_tensor_batch)
             keys = [*inputs, *agent_input_keys(batch, self.config.actor_rollout_ref.rollout.uses_agent_loop)]
             gen_in, pad = batch.select(list(MODEL_INPUTS), keys, []).pad_to_divisor(self.world_size)
             # rows are already repeated n times: one sample per row

@@ -75,8 +75,8 @@ types and preflights each trainer command line it launches, `verl.` read as `ver
 
 | set | veRL commit | recipe commit | pass preflight | refused: a missing feature | by veRL too | otherwise | crashed |
 |---|---|---|---|---|---|---|---|
-| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 118 / 201 | 63 | 4 | 16 | 0 |
-| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 72 / 191 | 95 | 2 | 22 | 0 |
+| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 126 / 201 | 55 | 4 | 16 | 0 |
+| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 75 / 191 | 92 | 2 | 22 | 0 |
 
 "Refused otherwise": at least one problem is worded other than "does not support": transformer-engine and DeepEP
 options (those packages are not installed here), megatron context parallelism and uneven pipeline splits, multi-turn
@@ -84,20 +84,22 @@ tools on vLLM without rollout.mode=async, and in 2026-08 keys newer than veRL 0.
 step_start/step_end, rollout_correction.use_policy_gradient, critic.entropy_checkpointing) and a batch size that
 does not divide. The refusal families that block the most commands (commands blocked; blocked by that family alone):
 
-- 2026-01: veRL's own tool, agent-loop and reward-manager classes (11; 5), transformer-engine options (10; 4), image
-  input of the rollout engine for vision-language models on vLLM or SGLang (8; 8), megatron CPU offload (5; 0),
-  profiler tools other than torch (5; 5), multi-turn tools on vLLM without async (5; 0), the agent loop with
-  vision-language models (4; 3), interactions (4; 3), DeepEP options (3; 0), the vision-language architecture
-  Qwen3-VL (3; 3).
+- 2026-01: veRL's own tool, agent-loop and reward-manager classes (11; 5), transformer-engine options (10; 4),
+  megatron CPU offload (5; 0), profiler tools other than torch (5; 5), multi-turn tools on vLLM without async
+  (5; 0), the agent loop with vision-language models (4; 3), interactions (4; 3), DeepEP options (3; 0), the
+  vision-language architecture Qwen3-VL (3; 3).
 - 2026-08: Ascend NPUs (14; 8), transformer-engine options (10; 5), veRL's own classes (10; 4), VeOmni (8; 8),
   expert-parallel rollout engines (7; 1), the vision-language architectures Qwen3.5 (6; 6) and Qwen3-VL (5; 5),
-  on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0), image
-  input of the rollout engine for vision-language models (4; 4), quantization-aware training (4; 4).
+  on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0),
+  quantization-aware training (4; 4).
 
 The launch harness stands in a vision-language config.json for the hub names of vision-language checkpoints
 (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V, Kimi-VL, MiniCPM-o), so their runs are refused as verlx refuses
-the real checkpoints. The Qwen2.5-VL scripts on FSDP are refused for their rollout engine alone: with
-`actor_rollout_ref.rollout.name=hf` (and tensor_model_parallel_size=1) they pass.
+the real checkpoints. The Qwen2-VL / Qwen2.5-VL scripts on FSDP with `rollout.name=vllm` or `sglang` pass (their
+images go to the engine with each request, docs/vision_language.md; CPU-tested against the engines' stand-ins, not
+yet run on a GPU); no script of either set is refused for its rollout engine's image input any more. Before
+(main at 94c791a, measured the same day): 118 / 201 and 72 / 191, that family blocking 8 and 4 scripts alone; one
+of the 2026-08 four is now refused for another feature.
 
 Issue 23's target (95% of each set) is not met: the families above stay refused (see below for why).
 """
@@ -121,9 +123,10 @@ running something else:
   context-parallel size above 1), a key prefix of a loaded dist-checkpoint, the precision-aware and layer-wise
   distributed optimizers. verlx's megatron engine reads veRL's usual ones (`override_transformer_config`,
   `override_optimizer_config`, `lr_decay_style` and its scheduler keys, dist-checkpoints, expert sizes).
-- **Vision-language models** beyond the first phase (docs/vision_language.md): Qwen2-VL and Qwen2.5-VL run with the
-  `hf` rollout engine; image input on SGLang and vLLM, other architectures (Qwen3-VL, Qwen3.5, GLM-4.1V, ...),
-  video and audio, and the vision-language agent loop, critic, LoRA, megatron and Ulysses are refused, naming which.
+- **Vision-language models** beyond phase 2 (docs/vision_language.md): Qwen2-VL and Qwen2.5-VL run with the `hf`,
+  `vllm` and `sglang` rollout engines (SGLang's server mode too); the native engine, vLLM's server mode, other
+  architectures (Qwen3-VL, Qwen3.5, GLM-4.1V, ...), video and audio, and the vision-language agent loop, critic,
+  LoRA, megatron and Ulysses are refused, naming which.
 - **TensorRT-LLM**: not planned this round.
 - **Ascend NPUs** (`trainer.device=npu`, the NPU profiler, MindSpeed's TransformerConfig fields): refused; verlx
   would otherwise have trained on the CPU.

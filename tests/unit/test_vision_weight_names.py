@@ -1,0 +1,136 @@
+"""A vision-language policy's weights as SGLang and vLLM load them: every parameter of a tiny Qwen2-VL (transformers 5
+names: model.language_model.*, model.visual.*) is pushed under its checkpoint name (what transformers itself writes
+and what the engines' loaders read from disk: model.*, visual.*), nothing dropped; vLLM reports the names it loaded
+as its own Qwen2-VL class names them (language_model.model.*, language_model.lm_head.*, visual.*), and a push is
+checked against those."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForImageTextToText
+
+from engine_fakes.contexts import EOS, PAD
+from engine_fakes.fake_sglang import install_fake_sglang
+from helpers.tiny_vlm import save_tiny_qwen2_vl
+from verlx.config.roles import RolloutConfig
+from verlx.models.vision import checkpoint_weight_name
+from verlx.rollout.base import RolloutContext
+from verlx.rollout.sglang_engine import SGLangRolloutEngine
+from verlx.rollout.vllm_adapter import unloaded_names, vision_language_param_name
+from verlx.rollout.weight_sync import iter_engine_weights
+
+#: vLLM's packed_modules_mapping of Qwen2-VL
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A one-layer, one-block tiny Qwen2-VL: its directory, its transformers model and its checkpoint's names."""
+    path = save_tiny_qwen2_vl(tmp_path_factory.mktemp("vl_names") / "model", text_shape={"num_hidden_layers": 1},
+                              vision_shape={"depth": 1})
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    with safe_open(f"{path}/model.safetensors", framework="pt") as f:
+        stored = set(f.keys())
+    return path, model, stored
+
+
+def pushed_names(model, tied: bool = False) -> list[str]:
+    return [name for name, _ in iter_engine_weights(model.named_parameters(), None, tied,
+                                                   rename=checkpoint_weight_name)]
+
+
+def test_every_parameter_is_pushed_under_its_checkpoint_name(tiny):
+    _, model, stored = tiny
+    names = pushed_names(model)
+    assert len(names) == len(stored) == 34
+    assert set(names) == stored
+    assert {n for n, _ in model.named_parameters()} != stored  # transformers 5 names them otherwise
+    assert checkpoint_weight_name("model.language_model.layers.0.mlp.up_proj.weight") == \
+        "model.layers.0.mlp.up_proj.weight"
+    assert checkpoint_weight_name("model.visual.merger.mlp.0.bias") == "visual.merger.mlp.0.bias"
+    assert checkpoint_weight_name("lm_head.weight") == "lm_head.weight"
+    assert checkpoint_weight_name("model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+
+
+def test_a_tied_head_is_not_pushed(tiny):
+    _, model, stored = tiny
+    assert set(pushed_names(model, tied=True)) == stored - {"lm_head.weight"}
+
+
+def test_vllm_names_of_the_checkpoint_names(tiny):
+    _, model, stored = tiny
+    vllm = {name: vision_language_param_name(name) for name in stored}
+    assert vllm["lm_head.weight"] == "language_model.lm_head.weight"
+    assert vllm["model.embed_tokens.weight"] == "language_model.model.embed_tokens.weight"
+    assert vllm["model.norm.weight"] == "language_model.model.norm.weight"
+    assert vllm["model.layers.0.self_attn.q_proj.bias"] == "language_model.model.layers.0.self_attn.q_proj.bias"
+    assert vllm["visual.blocks.0.attn.qkv.weight"] == "visual.blocks.0.attn.qkv.weight"
+    assert vllm["visual.merger.mlp.2.weight"] == "visual.merger.mlp.2.weight"
+    assert vllm["visual.patch_embed.proj.weight"] == "visual.patch_embed.proj.weight"
+    assert len(set(vllm.values())) == len(stored)  # no two names load into one parameter
+    assert all(v.startswith(("language_model.model.", "language_model.lm_head.", "visual.")) for v in vllm.values())
+    # transformers 5's own names load into the same parameters (vLLM's mapper takes both layouts)
+    for name, _ in model.named_parameters():
+        assert vision_language_param_name(name) == vllm[checkpoint_weight_name(name)]
+
+
+def test_a_vllm_push_is_checked_against_the_names_vllm_loaded(tiny):
+    _, _, stored = tiny
+    fused = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+             "up_proj": "gate_up_proj"}
+    loaded = set()
+    for name in stored:
+        parts = vision_language_param_name(name).split(".")
+        loaded.add(".".join(fused.get(part, part) for part in parts))
+    sent = sorted(stored)
+    assert unloaded_names(sent, loaded, PACKED, vision_language_param_name) == []
+    assert unloaded_names(sent, loaded - {"visual.merger.ln_q.weight"}, PACKED,
+                          vision_language_param_name) == ["visual.merger.ln_q.weight"]
+    assert unloaded_names(sent, loaded - {"language_model.model.layers.0.self_attn.qkv_proj.bias"}, PACKED,
+                          vision_language_param_name) == [f"model.layers.0.self_attn.{p}_proj.bias" for p in "kqv"]
+    # without the mapping, every text-model parameter (vLLM holds them under language_model) seems unloaded
+    assert unloaded_names(sent, loaded, PACKED) == [n for n in sent if not n.startswith("visual.")]
+
+
+@pytest.fixture
+def fake_sglang(tmp_path, monkeypatch):
+    for key in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"):
+        monkeypatch.delenv(key, raising=False)
+    start_method = mp.get_start_method(allow_none=True)
+    state = install_fake_sglang("0.5.17", str(tmp_path / "dist"))
+    yield state
+    state.undo()
+    mp.set_start_method(start_method, force=True)
+
+
+def test_sglang_gets_the_checkpoint_names_and_the_push_is_complete(tiny, fake_sglang):
+    path, model, stored = tiny
+    ctx = RolloutContext(config=RolloutConfig(response_length=6, prompt_length=8, seed=5), model_path=path,
+                         hf_config=AutoConfig.from_pretrained(path), device=torch.device("cpu"), pad_token_id=PAD,
+                         eos_token_ids=[EOS])
+    engine = SGLangRolloutEngine(ctx)
+    assert not engine.residency.weights_current  # load_format dummy: a complete push is needed
+    engine.update_weights(model.named_parameters(), version=1)
+    sent = [name for call in fake_sglang.calls if call[0] == "update_weights_from_tensor" for name in call[1]]
+    assert sorted(sent) == sorted(stored)
+    assert engine.residency.weights_current
+    received = dict(pair for bucket in fake_sglang.engines[0].received for pair in bucket)
+    assert torch.equal(received["visual.patch_embed.proj.weight"],
+                       model.model.visual.patch_embed.proj.weight.detach().to(torch.bfloat16))
+
+
+def test_a_push_under_transformers_names_would_be_incomplete(tiny, fake_sglang):
+    """Without the checkpoint layout the engine would be sent names its loader skips (SGLang's Qwen2.5-VL loader
+    skips a name it does not know), and the push counts as incomplete."""
+    path, model, _ = tiny
+    ctx = RolloutContext(config=RolloutConfig(response_length=6, prompt_length=8, seed=5), model_path=path,
+                         hf_config=SimpleNamespace(tie_word_embeddings=False), device=torch.device("cpu"),
+                         pad_token_id=PAD, eos_token_ids=[EOS])
+    engine = SGLangRolloutEngine(ctx)  # a text model's config: no renaming
+    engine.update_weights(model.named_parameters(), version=1)
+    assert not engine.residency.weights_current
