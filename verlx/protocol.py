@@ -322,10 +322,18 @@ class DataProto:
 
 
 def _values_equal(a: Any, b: Any) -> bool:
+    """Equal by value, containers of tensors included (a row's `multi_modal_inputs` dict after a Ray round trip is
+    a new object holding equal tensors)."""
+    if a is b:
+        return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return bool(np.array_equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
     try:
         return bool(a == b)
     except Exception:

@@ -118,6 +118,25 @@ def test_union_merges_and_conflicts_raise():
         a.union(make(3))
 
 
+def test_union_compares_rows_of_tensor_dicts_by_value_after_a_round_trip():
+    """A vision-language row's multi_modal_inputs ({pixel_values, image_grid_thw}) comes back from a worker as new
+    objects holding equal tensors (REMAX's greedy baseline unions such a batch with the sampled one)."""
+    pixels = torch.arange(12.0).reshape(3, 4)
+    rows = np.array([{"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, 2, 2]])}, {}], dtype=object)
+    a = DataProto(non_tensor_batch={"multi_modal_inputs": rows})
+    a.union(pickle.loads(pickle.dumps(DataProto(non_tensor_batch={"multi_modal_inputs": rows}))))
+    changed = pickle.loads(pickle.dumps(rows))
+    changed[0]["pixel_values"][1, 2] = -1.0
+    with pytest.raises(ValueError, match="non_tensor_batch key 'multi_modal_inputs' differs"):
+        a.union(DataProto(non_tensor_batch={"multi_modal_inputs": changed}))
+    nested = np.array([[torch.ones(2), (1, 2)], [torch.ones(2), (1, 2)]] + [None], dtype=object)[:2]
+    b = DataProto(non_tensor_batch={"n": nested})
+    b.union(pickle.loads(pickle.dumps(DataProto(non_tensor_batch={"n": nested}))))
+    with pytest.raises(ValueError, match="key 'n' differs"):
+        b.union(DataProto(non_tensor_batch={"n": np.array([[torch.ones(2), [1, 2]], [torch.ones(2), (1, 2)]] + [None],
+                                                           dtype=object)[:2]}))
+
+
 def test_mismatched_lengths_are_rejected():
     with pytest.raises(ValueError, match="disagree on the number of rows"):
         DataProto({"a": torch.zeros(3)}, {"b": ["x", "y"]})
