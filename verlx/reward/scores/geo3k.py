@@ -21,6 +21,11 @@ def format_score(solution_str: str) -> float:
     return 1.0 if _FORMAT.fullmatch(solution_str) else 0.0
 
 
+def answer_score(answer: str, ground_truth: Any) -> float:
+    """1.0 when the bare answer (no \\boxed{} looked for) equals the ground truth, else 0.0."""
+    return 1.0 if is_equiv(answer, str(ground_truth)) else 0.0
+
+
 def accuracy_score(solution_str: str, ground_truth: Any) -> float:
     return 1.0 if is_equiv(last_boxed_content(solution_str), str(ground_truth)) else 0.0
 
