@@ -233,3 +233,23 @@ def test_search_tool_reports_service_failures_as_verl(monkeypatch):
     got = call({"search": search_tool(url)}, query)  # the server is closed now
     assert got[0][0].startswith(result(f"Search error: API Call Failed: Connection Error: cannot reach {url}: ")[:-2])
     assert got[0][1] == "error"
+
+
+def test_a_tool_that_may_outlast_tool_timeout_s_is_warned_about(tmp_path):
+    from verlx.config.loader import build, load_yaml, to_container
+    from verlx.config.schema import PPOConfig
+    from verlx.rollout.agent.config_checks import agent_loop_findings
+
+    path = write(tmp_path, SANDBOX_ENTRY.format(url="http://127.0.0.1:9/run_code", timeout=30)
+                 + SEARCH_ENTRY.format(url="http://127.0.0.1:9/retrieve", timeout=30))
+    overrides = ["actor_rollout_ref.rollout.multi_turn.enable=true", "data.return_raw_chat=true",
+                 "actor_rollout_ref.rollout.name=native",
+                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path}"]
+    found = agent_loop_findings(build(PPOConfig, to_container(load_yaml(overrides=overrides))))
+    assert found.problems == []
+    assert found.warnings == [  # the search tool's 30 s fit the default 30 s; code_interpreter's 2 × 30 + 10 do not
+        "actor_rollout_ref.rollout.multi_turn.tool_timeout_s=30 is shorter than the 70 s tool code_interpreter may "
+        "take by its config: a call that slow is answered 'error: code_interpreter did not answer within 30 s'; "
+        "raise tool_timeout_s to 70 to wait as long as the tool does"]
+    longer = overrides + ["actor_rollout_ref.rollout.multi_turn.tool_timeout_s=70"]
+    assert agent_loop_findings(build(PPOConfig, to_container(load_yaml(overrides=longer)))).warnings == []

@@ -63,6 +63,7 @@ class SandboxFusionTool(BaseTool):
         if self.config.get("enable_global_rate_limit", True):
             workers = min(workers, int(config_number(self.name, self.config, "rate_limit", 10)))
         self.service = JsonService(url, workers)
+        self.answer_within_s = 2 * self.default_timeout + 10  # one try of a call without `timeout`
 
     def context_parameters(self) -> set[str]:
         return set()

@@ -82,6 +82,7 @@ class SearchTool(BaseTool):
         if self.config.get("enable_global_rate_limit", True):
             workers = min(workers, int(config_number(self.name, self.config, "rate_limit", 120)))
         self.service = JsonService(url, workers)
+        self.answer_within_s = self.timeout  # one try
 
     def context_parameters(self) -> set[str]:
         return set()

@@ -38,6 +38,8 @@ class ToolResult:
 class BaseTool:
     """Subclass for a stateful tool declared in a tool YAML file (`class_name`); `execute` may be sync or async."""
 
+    answer_within_s: float | None = None  # declared by tools that bound their own calls (a service's timeout)
+
     def __init__(self, config: dict | None, schema: dict):
         self.config = dict(config or {})
         self.schema = validate_schema(schema)
