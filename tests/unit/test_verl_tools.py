@@ -77,7 +77,7 @@ def write(tmp_path, body: str) -> str:
 
 
 def call(tools, calls, kwargs=None, timeout_s=20.0):
-    executor = ToolExecutor(tools, timeout_s=timeout_s, max_parallel_calls=4, max_response_chars=4096)
+    executor = ToolExecutor(tools, timeout_s=timeout_s, max_parallel_calls=8, max_response_chars=4096)
     try:
         outcomes = asyncio.run(executor.run(ParsedTurn(calls=[ToolCall(*c) for c in calls]), kwargs))
     finally:
@@ -127,16 +127,21 @@ def test_bad_verl_tool_entries_name_the_file_the_entry_and_the_key(tmp_path, bod
 
 
 def test_geo3k_tool_scores_the_bare_answer_as_verl():
+    """The rewards are those of veRL's grader (mathruler 0.1.0's grade_answer, run on these pairs on 2026-11-26)."""
     tool = Geo3kTool({"type": "native"})
     kwargs = {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": "2\\sqrt{3}"}}}
-    assert call({"calc_geo3k_reward": tool}, [("calc_geo3k_reward", {"answer": "2\\sqrt{3}"}),
-                                                ("calc_geo3k_reward", {"answer": "2\\sqrt3"}),
-                                                ("calc_geo3k_reward", {"answer": "\\boxed{2\\sqrt{3}}"}),
-                                                ("calc_geo3k_reward", {"answer": "3.46"})], kwargs) == [
+    answers = ["2\\sqrt{3}", "2\\sqrt3", "\\boxed{2\\sqrt{3}}", "The answer is \\boxed{2\\sqrt{3}}", "3.46"]
+    assert call({"calc_geo3k_reward": tool}, [("calc_geo3k_reward", {"answer": a}) for a in answers], kwargs) == [
         ("Current parsed answer='2\\\\sqrt{3}' reward=1.0", "ok"),
         ("Current parsed answer='2\\\\sqrt3' reward=1.0", "ok"),
-        ("Current parsed answer='\\\\boxed{2\\\\sqrt{3}}' reward=0.0", "ok"),  # not looked inside: use_boxed=False
+        ("Current parsed answer='\\\\boxed{2\\\\sqrt{3}}' reward=1.0", "ok"),  # the answer as a whole is boxed
+        ("Current parsed answer='The answer is \\\\boxed{2\\\\sqrt{3}}' reward=0.0", "ok"),  # not looked for
         ("Current parsed answer='3.46' reward=0.0", "ok")]
+    kwargs = {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": "45"}}}
+    answers = ["45 degrees", "45^\\circ", "{45}", "45 m", "46"]
+    assert [text.split()[-1] for text, _ in call({"calc_geo3k_reward": tool}, [
+        ("calc_geo3k_reward", {"answer": a}) for a in answers], kwargs)] == \
+        ["reward=1.0", "reward=1.0", "reward=1.0", "reward=0.0", "reward=0.0"]
     missing = call({"calc_geo3k_reward": tool}, [("calc_geo3k_reward", {"answer": "3"})], {})
     assert missing == [("error: calc_geo3k_reward needs the sample's ground truth in extra_info.tools_kwargs."
                         "calc_geo3k_reward.create_kwargs.ground_truth", "error")]
