@@ -159,7 +159,7 @@ def test_sandbox_fusion_tool_answers_stdout_and_stderr_and_sends_verls_request()
             ("code_interpreter", {"code": "import sys\nprint('a')\nsys.stderr.write('b\\n')\nraise SystemExit(3)"}),
         ])
         assert got == [("42\n", "ok"), ("a\nb\n", "ok")]  # a non-zero exit status still answers its output
-        path, body = services.requests[0]
+        path, body = next(r for r in services.requests if r[1]["code"] == "print(6 * 7)")  # calls run concurrently
         assert path == "/run_code" and body == {"compile_timeout": 7, "run_timeout": 7, "code": "print(6 * 7)",
                                                 "stdin": None, "memory_limit_MB": 256, "language": "python",
                                                 "files": {}, "fetch_files": []}
