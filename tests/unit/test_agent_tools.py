@@ -114,7 +114,7 @@ def test_tool_file_loads_registered_function_and_class_entries(tmp_path):
     ("tools:\n  - function: no_such_module:f", r"tools\[0\].function=no_such_module:f: cannot import"),
     ("tools:\n  - name: calculator\n  - name: calculator", r"tools\[1\]: a second tool named 'calculator'"),
     ("tools:\n  - class_name: verlx.rollout.agent.builtin_tools:PythonTool\n    config: {walls: 3}",
-     r"tools\[0\]: tool python: unknown config keys \['walls'\]"),
+     r"tools\[0\]: tool python: unknown config keys \[.walls.\]. Did you mean .wall_s."),
     ("tools:\n  - class_name: verlx.rollout.agent.builtin_tools:PythonTool\n    tool_schema: {type: function}",
      r"tools\[0\].tool_schema: expected"),
     ("tools: [", "not valid YAML"),

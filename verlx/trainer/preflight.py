@@ -426,11 +426,13 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         f.problems += megatron.problems
         f.warnings += megatron.warnings
     if not f.problems:
-        from verlx.rollout.agent.config_checks import agent_loop_problems
+        from verlx.rollout.agent.config_checks import agent_loop_findings
         from verlx.rollout.capabilities import capability_problems
         from verlx.trainer.rollout_modes.config_checks import rollout_mode_problems
 
-        f.problems += agent_loop_problems(cfg)
+        agent = agent_loop_findings(cfg)
+        f.problems += agent.problems
+        f.warnings += agent.warnings
         f.problems += rollout_mode_problems(cfg)
         f.problems += capability_problems(cfg)
     if not f.problems:

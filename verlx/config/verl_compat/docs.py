@@ -140,7 +140,10 @@ running something else:
 - **Expert-parallel and data-parallel rollout engines** (`rollout.expert_parallel_size`, `data_parallel_size` > 1):
   verlx's engines run tensor-parallel groups only.
 - **veRL's own classes** (`verl.*`, and `recipe.*`, which build on them) named as tools, agent loops or reward
-  managers: verlx cannot run them; its own equivalents are read instead where it has one (`Gsm8kTool`).
+  managers: verlx cannot run them; its own equivalents are read instead where it has one: the tools `Gsm8kTool`,
+  `Geo3kTool`, `SandboxFusionTool` and `SearchTool`, with veRL's config keys and answers (docs/multi_turn.md, "veRL's
+  tool classes"). `MCPSearchTool` (an MCP client) and recipes' subclasses of veRL's tools (retool's and spo's
+  `CustomSandboxFusionTool`) stay refused.
 
 The reward model's inference-server settings (`reward_model.rollout.*`, `use_reward_loop`) are ignored with a warning:
 verlx scores a sequence-classification reward model with its own forward pass, which gives what either of veRL's

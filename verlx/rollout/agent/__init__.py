@@ -2,7 +2,8 @@
 token ids (docs/multi_turn.md).
 
 Pieces, one module each: `tools` (tool registry, the @tool decorator, schemas), `tool_config` (the YAML tool
-file), `builtin_tools` (calculator, python), `sandbox` (a limited subprocess for code), `parsers` (tool-call
+file), `builtin_tools` (calculator, python), `sandbox` (a limited subprocess for code), `sandbox_fusion_tool` and
+`search_tool` (veRL's HTTP tools), `http_service` (their JSON POSTs), `parsers` (tool-call
 formats), `chat` (chat-template deltas and the once-per-sample re-tokenisation check), `trajectory` (token ids,
 masks and log-probs of one sample), `loops` (the agent-loop registry: single_turn_agent, tool_agent, user
 `module:Class`), `execution` (concurrent tool calls with timeouts and caps), `driver` (the samples' requests

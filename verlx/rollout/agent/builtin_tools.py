@@ -7,7 +7,7 @@ import operator
 from fractions import Fraction
 
 from verlx.rollout.agent.sandbox import SandboxLimits, run_python
-from verlx.rollout.agent.tools import BaseTool, ToolResult, schema_from_function
+from verlx.rollout.agent.tools import BaseTool, ToolResult, check_config_keys, schema_from_function
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -73,10 +73,7 @@ class PythonTool(BaseTool):
 
     def __init__(self, config: dict | None = None, schema: dict | None = None):
         super().__init__(config, schema or self.default_schema)
-        known = set(SandboxLimits.__dataclass_fields__)
-        unknown = sorted(set(self.config) - known)
-        if unknown:
-            raise ValueError(f"tool {self.name}: unknown config keys {unknown}; known: {sorted(known)}")
+        check_config_keys(self.name, self.config, set(SandboxLimits.__dataclass_fields__))
         self.limits = SandboxLimits(**self.config)
 
     def context_parameters(self) -> set[str]:

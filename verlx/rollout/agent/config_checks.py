@@ -16,12 +16,17 @@ MISMATCH_ACTIONS = ("mask", "error")
 
 def agent_loop_problems(cfg) -> list[str]:
     """Every problem of rollout.mode / over_sample_rate / agent / multi_turn of a PPOConfig; empty when fine."""
+    return agent_loop_findings(cfg).problems
+
+
+def agent_loop_findings(cfg) -> Findings:
+    """The problems and warnings (a tool that may outlast multi_turn.tool_timeout_s) of agent_loop_problems."""
     rollout = cfg.actor_rollout_ref.rollout
     f = Findings()
     if rollout.mode not in ROLLOUT_MODES:
-        return [f"{ROLLOUT}.mode={rollout.mode!r} is not one of {list(ROLLOUT_MODES)} (async: veRL's agent-loop "
-                "rollout, docs/rollout.md). Generating while the trainer trains is another key: "
-                "trainer.rollout_mode=one_step_off|async (docs/async.md)"]
+        return Findings([f"{ROLLOUT}.mode={rollout.mode!r} is not one of {list(ROLLOUT_MODES)} (async: veRL's "
+                         "agent-loop rollout, docs/rollout.md). Generating while the trainer trains is another key: "
+                         "trainer.rollout_mode=one_step_off|async (docs/async.md)"])
     rate = rollout.over_sample_rate
     f.require(0 <= rate < 1, f"{ROLLOUT}.over_sample_rate={rate} must be in [0, 1): the fraction of a batch's "
               "slowest samples to cancel")
@@ -29,7 +34,7 @@ def agent_loop_problems(cfg) -> list[str]:
         f.require(rate == 0, f"{ROLLOUT}.over_sample_rate={rate} cancels the slowest samples of the agent-loop "
                   f"rollout, which is off: set {ROLLOUT}.mode=async (or multi_turn.enable=true), or "
                   "over_sample_rate=0")
-        return f.problems
+        return f
     f.require(rollout.agent.num_workers >= 1, f"{ROLLOUT}.agent.num_workers={rollout.agent.num_workers} must be "
               ">= 1 (threads per rollout worker for synchronous tool calls)")
     _check_default_loop(rollout, f)
@@ -39,7 +44,7 @@ def agent_loop_problems(cfg) -> list[str]:
                   "(prompt messages, tools, tool results) with the chat template itself")
         _check_numbers(rollout.multi_turn, f)
         _check_names(rollout.multi_turn, f)
-    return f.problems
+    return f
 
 
 def _check_default_loop(rollout, f: Findings) -> None:
@@ -103,9 +108,17 @@ def _check_names(mt, f: Findings) -> None:
                           else f"{KEY}.format: {e}")
     if mt.tool_config_path:
         try:
-            load_tools(mt.tool_config_path)
+            tools = load_tools(mt.tool_config_path)
         except ValueError as e:
             f.problems.append(f"{KEY}.tool_config_path: {e}")
+            return
+        for tool in tools.values():
+            if tool.answer_within_s is not None and tool.answer_within_s > mt.tool_timeout_s:
+                f.warnings.append(f"{KEY}.tool_timeout_s={mt.tool_timeout_s:g} is shorter than the "
+                                  f"{tool.answer_within_s:g} s tool {tool.name} may take by its config: a call "
+                                  f"that slow is answered 'error: {tool.name} did not answer within "
+                                  f"{mt.tool_timeout_s:g} s'; raise tool_timeout_s to {tool.answer_within_s:g} to "
+                                  "wait as long as the tool does")
 
 
 def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -> list[str]:

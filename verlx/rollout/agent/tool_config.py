@@ -25,7 +25,15 @@ from verlx.utils.registry import import_object
 
 ENTRY_KEYS = {"name", "function", "class_name", "config", "tool_schema"}
 # veRL's tool classes verlx has its own of (each said once, at info level, when a tool file names it)
-VERL_TOOLS = {"verl.tools.gsm8k_tool.Gsm8kTool": "verlx.reward.gsm8k_tool:Gsm8kTool"}
+VERL_TOOLS = {
+    "verl.tools.gsm8k_tool.Gsm8kTool": "verlx.reward.gsm8k_tool:Gsm8kTool",
+    "verl.tools.geo3k_tool.Geo3kTool": "verlx.reward.geo3k_tool:Geo3kTool",
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "verlx.rollout.agent.sandbox_fusion_tool:SandboxFusionTool",
+    "verl.tools.search_tool.SearchTool": "verlx.rollout.agent.search_tool:SearchTool",
+}
+# veRL's tool classes verlx has none of, with what they need
+VERL_TOOLS_LACKING = {"verl.tools.mcp_search_tool.MCPSearchTool": "an MCP client (veRL's MCPSearchTool calls tools "
+                                                                   "of the MCP servers its `mcp:` entry names)"}
 logger = logging.getLogger(__name__)
 _said: set[str] = set()
 
@@ -46,6 +54,11 @@ class ToolConfigError(InputError, ValueError):
 
 
 def _entry_tool(entry: dict, where: str) -> BaseTool:
+    class_name = entry.get("class_name")
+    if isinstance(class_name, str) and class_name in VERL_TOOLS_LACKING:
+        raise ToolConfigError(f"{where}.class_name: verlx does not support veRL's own classes ({class_name}) yet: "
+                              f"it needs {VERL_TOOLS_LACKING[class_name]}; give a tool class of your own code or "
+                              "one of verlx's (docs/multi_turn.md)")
     unknown = sorted(set(entry) - ENTRY_KEYS)
     if unknown:
         raise ToolConfigError(f"{where}: unknown keys {unknown}; an entry has {sorted(ENTRY_KEYS)}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verlx.utils.errors import InputError
-from verlx.utils.registry import Registry
+from verlx.utils.registry import Registry, did_you_mean
 
 TOOLS: Registry[BaseTool | Callable] = Registry("tool", "multi_turn.tool_config_path", import_paths=True)
 JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
@@ -37,6 +37,8 @@ class ToolResult:
 
 class BaseTool:
     """Subclass for a stateful tool declared in a tool YAML file (`class_name`); `execute` may be sync or async."""
+
+    answer_within_s: float | None = None  # declared by tools that bound their own calls (a service's timeout)
 
     def __init__(self, config: dict | None, schema: dict):
         self.config = dict(config or {})
@@ -193,6 +195,31 @@ def check_arguments(schema: dict, arguments: Any) -> str | None:
         if "enum" in props[key] and value not in props[key]["enum"]:
             return f"argument {key!r} must be one of {props[key]['enum']}"
     return None
+
+
+def check_config_keys(tool: str, config: dict, known: set[str]) -> None:
+    """ValueError naming the keys of `config` the tool does not read (the tool file adds its path and entry)."""
+    unknown = sorted(set(config) - known, key=str)
+    if unknown:
+        hints = "".join(did_you_mean(key, known) for key in unknown)
+        raise ValueError(f"tool {tool}: unknown config keys {unknown}.{hints} Known: {sorted(known)}")
+
+
+def check_verl_tool_config(tool: str, config: dict, known: set[str]) -> None:
+    """The config of one of veRL's tool classes: its keys, plus veRL's `type` (only `native` runs here)."""
+    check_config_keys(tool, config, known | {"type"})
+    kind = config.get("type", "native")
+    if kind != "native":
+        raise ValueError(f"tool {tool}: config type={kind!r}; verlx runs veRL's native tools only (veRL's 'mcp' "
+                         "tools talk to MCP servers, which verlx has no client for)")
+
+
+def config_number(tool: str, config: dict, key: str, default: float) -> float:
+    """config[key] (or the default), which must be a positive number."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"tool {tool}: config {key} must be a positive number, got {value!r}")
+    return value
 
 
 def as_tool(entry: Any, name: str) -> BaseTool:
