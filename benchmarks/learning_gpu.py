@@ -278,14 +278,16 @@ def _float(value) -> float:
 
 def learning_summary(timed_rows: list[tuple[dict, float]], meta: dict, val_size: int) -> dict:
     """Accuracy per validation and training seconds to it: the time its line appeared after the first line (the
-    validation before training) less the time of the validations logged since; seconds per step."""
-    curve, steps, testing, origin = [], [], 0.0, None
+    validation before training) less the time of the validations logged since, never less than the step before's
+    (lines read in one poll share a time, and the later one's validation would put it before the earlier); seconds
+    per step."""
+    curve, steps, testing, origin, elapsed = [], [], 0.0, None, 0.0
     for row, seconds in sorted(timed_rows, key=lambda item: item[0].get("step", 0)):
         if origin is None:
             origin = seconds
         elif "timing_s/testing" in row:
             testing += _float(row["timing_s/testing"])
-        elapsed = seconds - origin - testing
+        elapsed = max(elapsed, seconds - origin - testing)
         if "timing_s/step" in row:
             steps.append({"step": row["step"], "step_s": _float(row["timing_s/step"]), "elapsed_s": elapsed,
                           "score": _float(row.get("critic/score/mean")),

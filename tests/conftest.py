@@ -20,10 +20,14 @@ sys.path[:0] = [REPO_DIR, TESTS_DIR]
 from engine_fakes.fixtures import undo  # noqa: E402,F401 - a fixture for the fake-engine tests
 from helpers.megatron_cpu import megatron_on_cpu  # noqa: E402,F401 - a fixture for the megatron tests
 
+#: whether the Ray that `ray_cpu` started is up, and the test files that use `ray_cpu` (set at collection)
+_shared_ray: dict = {"up": False, "modules": set()}
+
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    _shared_ray["modules"] = {item.path for item in items if "ray_cpu" in getattr(item, "fixturenames", ())}
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible on this machine")
@@ -34,14 +38,55 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def ray_cpu():
-    """A local Ray instance for one test module (CPU only, more logical CPUs than cores so groups fit)."""
+    """A local Ray instance (CPU only, more logical CPUs than cores so groups fit), started once for consecutive test
+    modules that ask for it rather than once per module (each start is seconds of the 2-core CI). A module finds it
+    with every CPU free, or gets a fresh one (an earlier module left an actor or placement group alive); a module that
+    does not ask for it sees no Ray of the suite (pytest_runtest_setup), as before."""
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=True)
+    if not (_shared_ray["up"] and _all_cpus_free(ray)):
+        _stop_shared_ray()
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=True)
+        _shared_ray["up"] = True
     yield ray
-    ray.shutdown()
+
+
+def _all_cpus_free(ray, wait_s: float = 10.0) -> bool:
+    """Every CPU of the instance back: the module's actors are gone once their last handle is (a collected cycle may
+    hold one), and return their CPUs a moment later."""
+    import gc
+    import time
+
+    if not ray.is_initialized():
+        return False
+    gc.collect()
+    deadline = time.monotonic() + wait_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _stop_shared_ray() -> None:
+    import ray
+
+    if _shared_ray["up"] and ray.is_initialized():
+        ray.shutdown()
+    _shared_ray["up"] = False
+
+
+def pytest_runtest_setup(item):
+    """A test of a module that does not use `ray_cpu` runs with no Ray of the suite up (its own run starts a private
+    instance with its own settings, as a user's does)."""
+    if _shared_ray["up"] and item.path not in _shared_ray["modules"]:
+        _stop_shared_ray()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _stop_shared_ray()
 
 
 @pytest.fixture(scope="session")

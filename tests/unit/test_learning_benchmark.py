@@ -197,6 +197,15 @@ def test_summary_times_each_validation_without_the_validations():
     assert finished["end_accuracy"] == 0.5 and finished["gain"] == 0.25 and finished["best_accuracy"] == 0.5
 
 
+def test_lines_read_in_one_poll_keep_the_training_time_from_going_back():
+    """Steps 1 and 2 read in one poll (both stamped 44.5 s): step 2 less its 1.5 s validation would be 3.0 s, before
+    step 1's 4.5 s; it stays at 4.5 s (a busy CI machine's delayed poll failed the smoke test's order check so)."""
+    rows = [TIMED_ROWS[0], TIMED_ROWS[1], (TIMED_ROWS[2][0], 44.5), TIMED_ROWS[3]]
+    summary = learning.learning_summary(rows, {}, val_size=512)
+    assert [s["elapsed_s"] for s in summary["steps"]] == [4.5, 4.5, 9.5]
+    assert [c["elapsed_s"] for c in summary["curve"]] == [0.0, 4.5, 9.5]
+
+
 def test_a_run_that_logged_nothing_has_an_empty_summary():
     summary = learning.learning_summary([], {"name": "r"}, val_size=8)
     assert summary["curve"] == [] and summary["gain"] is None and summary["train_s"] is None

@@ -208,14 +208,14 @@ def test_isolation_counts_marks_and_finishes_in_bounded_time(tmp_path, tokenizer
     fn = custom(tmp_path, MISBEHAVING)
     texts = ["7", "raise", "sleep", "7", "text", "spin", "nan", "8", "sleep", "spin", "7"]
     batch = make_batch(tokenizer, texts, ["7"] * len(texts))
-    timeout = 2.0
+    timeout = 6.0  # long beside process start-up on a loaded machine: the bound below then tells 1 from 2 timeouts
     config = RewardConfig(num_workers=2, timeout_s=timeout, error_score=-1.0, show_errors=2, max_error_fraction=1.0)
     with NaiveRewardManager(tokenizer, fn, config=config) as manager:
         with caplog.at_level(logging.WARNING, logger="verlx.reward.managers"):
             start = time.perf_counter()
             result = manager(batch)
             elapsed = time.perf_counter() - start
-        # 4 samples never return: on 2 processes one after another that would be >= 2 timeouts (4 s);
+        # 4 samples never return: on 2 processes one after another that would be >= 2 timeouts (12 s);
         # stuck processes hand their queue to fresh ones, so the batch takes about one timeout.
         assert elapsed < 1.9 * timeout, f"batch took {elapsed:.1f}s"
         status = result.extra["reward_status"].tolist()
