@@ -75,7 +75,7 @@ types and preflights each trainer command line it launches, `verl.` read as `ver
 
 | set | veRL commit | recipe commit | pass preflight | refused: a missing feature | by veRL too | otherwise | crashed |
 |---|---|---|---|---|---|---|---|
-| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 126 / 201 | 55 | 4 | 16 | 0 |
+| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 127 / 201 | 54 | 4 | 16 | 0 |
 | 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 75 / 191 | 92 | 2 | 22 | 0 |
 
 "Refused otherwise": at least one problem is worded other than "does not support": transformer-engine and DeepEP
@@ -84,10 +84,11 @@ tools on vLLM without rollout.mode=async, and in 2026-08 keys newer than veRL 0.
 step_start/step_end, rollout_correction.use_policy_gradient, critic.entropy_checkpointing) and a batch size that
 does not divide. The refusal families that block the most commands (commands blocked; blocked by that family alone):
 
-- 2026-01: veRL's own tool, agent-loop and reward-manager classes (11; 5), transformer-engine options (10; 4),
-  megatron CPU offload (5; 0), profiler tools other than torch (5; 5), multi-turn tools on vLLM without async
-  (5; 0), the agent loop with vision-language models (4; 3), interactions (4; 3), DeepEP options (3; 0), the
-  vision-language architecture Qwen3-VL (3; 3).
+- 2026-01: transformer-engine options (10; 4), veRL's own tool, agent-loop and reward-manager classes (10; 4;
+  among them the retool recipe's own sandbox tool, `recipe.retool.retool.CustomSandboxFusionTool`), megatron
+  CPU offload (5; 0), profiler tools other than torch (5; 5), multi-turn tools on vLLM without async (5; 0), the agent
+  loop with vision-language models (4; 3), interactions (4; 3), DeepEP options (3; 0), the vision-language
+  architecture Qwen3-VL (3; 3).
 - 2026-08: Ascend NPUs (14; 8), transformer-engine options (10; 5), veRL's own classes (10; 4), VeOmni (8; 8),
   expert-parallel rollout engines (7; 1), the vision-language architectures Qwen3.5 (6; 6) and Qwen3-VL (5; 5),
   on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0),
