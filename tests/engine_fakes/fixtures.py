@@ -15,6 +15,6 @@ def undo(monkeypatch):
     start_method = mp.get_start_method(allow_none=True)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     yield states
-    for state in states:
+    for state in reversed(states):  # last in, first out: a second install saved the first as what to restore
         state.undo()
     mp.set_start_method(start_method, force=True)

@@ -45,7 +45,7 @@ def undo():
     states = []
     start_method = mp.get_start_method(allow_none=True)
     yield states
-    for state in states:
+    for state in reversed(states):  # last in, first out: a second install saved the first as what to restore
         state.undo()
     mp.set_start_method(start_method, force=True)
 

@@ -36,7 +36,7 @@ def fake(tmp_path, monkeypatch):
         return state
 
     yield install
-    for state in installed:
+    for state in reversed(installed):  # last in, first out: a second install saved the first as what to restore
         state.undo()
     mp.set_start_method(start_method, force=True)
 
