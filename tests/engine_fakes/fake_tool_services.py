@@ -12,6 +12,7 @@ Every request body is recorded (`requests`), with its path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -83,10 +84,8 @@ class ToolServices:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up first
                     self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up first (the timeout tests): nothing to answer
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
