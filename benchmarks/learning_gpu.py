@@ -219,10 +219,11 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def run_watched(cmd: list[str], cwd: str, env: dict, log_path: str, metrics_path: str, label: str,
-                timeout_s: float, parse=json.loads, on_rows=None) -> dict:
+                timeout_s: float, parse=json.loads, on_rows=None, grace_s: float = 30) -> dict:
     """Run `cmd` (output to `log_path`) and note the wall-clock time each line of its metrics file appears; a
     compact line per logged step is printed and `on_rows(timed rows so far)` called (a run cut short keeps what it
-    logged). Returns rc, [(row, seconds since start)], the run's wall time and whether `timeout_s` stopped it."""
+    logged). At `timeout_s` the run gets SIGTERM, and SIGKILL if it is still there `grace_s` later. Returns rc,
+    [(row, seconds since start)], the run's wall time and whether `timeout_s` stopped it."""
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
     timed_rows, offset, start, stopped_at_limit = [], 0, time.time(), False
@@ -251,11 +252,14 @@ def run_watched(cmd: list[str], cwd: str, env: dict, log_path: str, metrics_path
                 if time.time() - start > timeout_s:
                     stopped_at_limit = True
                     os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(30)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(grace_s)
+                    break
                 time.sleep(0.2)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         poll()
     return {"rc": proc.returncode, "timed_rows": timed_rows, "wall_s": time.time() - start,
             "stopped_at_limit": stopped_at_limit}

@@ -238,6 +238,16 @@ def test_run_watched_times_each_metrics_line_and_ends_a_run_past_its_timeout(tmp
     assert seen == [[0], [0, 1]]
 
 
+def test_run_watched_kills_a_run_that_ignores_sigterm(tmp_path):
+    """A trainer stuck where SIGTERM does not reach it (2026-11-26: a vLLM run) is killed after the grace period, and
+    the benchmark goes on to write its summary instead of dying on subprocess.TimeoutExpired."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    result = learning.run_watched([sys.executable, "-c", stubborn], str(tmp_path), dict(os.environ),
+                                  str(tmp_path / "run.log"), str(tmp_path / "metrics.jsonl"), "s", timeout_s=1,
+                                  grace_s=1)
+    assert result["rc"] == -9 and result["stopped_at_limit"] and result["wall_s"] < 30
+
+
 # -------------------------------------------------------------------------------------------- veRL (--learning)
 def test_verl_gets_the_same_grpo_run_under_its_own_keys():
     peer = _load("peer_verl")

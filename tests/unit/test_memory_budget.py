@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from verlx.rollout.memory_budget import EngineFootprint, check_budget, kv_bytes_per_token
+from verlx.rollout.memory_budget import EngineFootprint, check_budget, engine_footprint, kv_bytes_per_token
 from verlx.rollout.weight_sync import checkpoint_numel
 
 GIB = 2**30
@@ -39,3 +39,16 @@ def test_parameters_counted_from_the_checkpoint_headers(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert checkpoint_numel(tiny_model_dir) == sum(p.numel() for p in model.parameters())  # tied head stored once
     assert checkpoint_numel(str(tiny_model_dir) + "/missing") is None
+
+
+def test_a_vision_language_footprint_takes_the_decoder_shape_from_its_text_config():
+    """Qwen2-VL's config keeps the decoder's heads and layers in text_config (transformers 5): the KV bytes of a token
+    are the decoder's, the vision tower adds none."""
+    from transformers import Qwen2VLConfig
+
+    config = Qwen2VLConfig(text_config=dict(num_attention_heads=12, num_key_value_heads=2, hidden_size=1536,
+                                            num_hidden_layers=28))
+    footprint = engine_footprint(config, numel=2_000_000_000, dtype_bytes=2, tp_size=2, max_model_len=1152)
+    assert footprint.kv_bytes_per_token == 2 * 28 * 1 * 128 * 2
+    assert footprint.weight_bytes == 2_000_000_000
+    assert footprint.max_model_len == 1152

@@ -12,7 +12,7 @@ from typing import ClassVar
 from verlx.models.vision import checkpoint_weight_name, vision_language_model
 from verlx.rollout.base import RolloutContext, RolloutEngine
 from verlx.rollout.engine_versions import check_engine_version, install_command
-from verlx.rollout.memory_budget import EngineFootprint, check_budget, kv_bytes_per_token
+from verlx.rollout.memory_budget import check_budget, engine_footprint
 from verlx.rollout.weight_sync import checkpoint_numel, engine_dtype, expected_push_names
 
 SLEEP_LEVELS = (1, 2)
@@ -64,9 +64,7 @@ class ExternalEngine(RolloutEngine):
         dtype = engine_dtype(self.config.dtype)
         element = torch.empty((), dtype=dtype).element_size()
         sequence_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
-        tp = self.layout.tp_size
-        footprint = EngineFootprint(numel * element // tp, kv_bytes_per_token(self.ctx.hf_config, element, tp),
-                                    sequence_len)
+        footprint = engine_footprint(self.ctx.hf_config, numel, element, self.layout.tp_size, sequence_len)
         total = torch.cuda.get_device_properties(self.ctx.device).total_memory
         check_budget(self.requires_package, self.config.gpu_memory_utilization, total, footprint)
 

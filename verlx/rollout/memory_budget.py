@@ -33,6 +33,13 @@ def kv_bytes_per_token(hf_config, dtype_bytes: int, tp_size: int = 1) -> int:
     return 2 * hf_config.num_hidden_layers * max(1, kv_heads // tp_size) * head_dim * dtype_bytes
 
 
+def engine_footprint(hf_config, numel: int, dtype_bytes: int, tp_size: int, max_model_len: int) -> EngineFootprint:
+    """One GPU's share of the weights and the KV bytes per token of the language model (a vision-language config
+    keeps its decoder's shape in its text config)."""
+    kv = kv_bytes_per_token(hf_config.get_text_config(), dtype_bytes, tp_size)
+    return EngineFootprint(numel * dtype_bytes // tp_size, kv, max_model_len)
+
+
 def check_budget(engine: str, fraction: float, total_bytes: int, footprint: EngineFootprint) -> None:
     """Raise when fraction × total memory cannot hold the weights plus the KV cache of one max-length sequence."""
     budget = fraction * total_bytes
