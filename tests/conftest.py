@@ -17,7 +17,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path[:0] = [REPO_DIR, TESTS_DIR]
 
-from engine_fakes.fixtures import undo  # noqa: E402,F401 - a fixture for the fake-engine tests
+from engine_fakes.fixtures import fake_sglang, undo  # noqa: E402,F401 - fixtures for the fake-engine tests
 from helpers.megatron_cpu import megatron_on_cpu  # noqa: E402,F401 - a fixture for the megatron tests
 
 #: whether the Ray that `ray_cpu` started is up, and the test files that use `ray_cpu` (set at collection)

@@ -11,20 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_fakes.fake_sglang import install_fake_sglang
 from helpers.e2e import make_config
 from helpers.tiny_tokenizer import save_tiny_qwen2
 from verlx.protocol import DataProto
 from verlx.rollout.weight_sync import checkpoint_tensor_names
 
 BUCKET_MB = 1
-
-
-@pytest.fixture
-def fake_sglang(tmp_path):
-    state = install_fake_sglang("0.5.17", str(tmp_path / "dist"))
-    yield state
-    state.undo()
 
 
 def _model_of_several_buckets(path) -> str:

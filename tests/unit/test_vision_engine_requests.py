@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine_fakes.fake_sglang import install_fake_sglang
 from engine_fakes.fake_vllm import install_fake_vllm
 from helpers.vision_requests import (
     ENGINE_PROMPTS,
@@ -87,19 +86,6 @@ def fake_vllm(tmp_path, monkeypatch):
     state = install_fake_vllm("0.26.0", str(tmp_path / "dist"))
     yield state
     state.undo()
-
-
-@pytest.fixture
-def fake_sglang(tmp_path, monkeypatch):
-    import multiprocessing as mp
-
-    for key in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"):
-        monkeypatch.delenv(key, raising=False)
-    start_method = mp.get_start_method(allow_none=True)
-    state = install_fake_sglang("0.5.17", str(tmp_path / "dist"))
-    yield state
-    state.undo()
-    mp.set_start_method(start_method, force=True)
 
 
 def test_vllm_takes_each_prompt_with_its_images(fake_vllm, tmp_path):

@@ -6,7 +6,6 @@ checked against those."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +14,6 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForImageTextToText
 
 from engine_fakes.contexts import EOS, PAD
-from engine_fakes.fake_sglang import install_fake_sglang
 from helpers.tiny_vlm import save_tiny_qwen2_vl
 from verlx.config.roles import RolloutConfig
 from verlx.models.vision import checkpoint_weight_name
@@ -95,17 +93,6 @@ def test_a_vllm_push_is_checked_against_the_names_vllm_loaded(tiny):
                           vision_language_param_name) == [f"model.layers.0.self_attn.{p}_proj.bias" for p in "kqv"]
     # without the mapping, every text-model parameter (vLLM holds them under language_model) seems unloaded
     assert unloaded_names(sent, loaded, PACKED) == [n for n in sent if not n.startswith("visual.")]
-
-
-@pytest.fixture
-def fake_sglang(tmp_path, monkeypatch):
-    for key in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"):
-        monkeypatch.delenv(key, raising=False)
-    start_method = mp.get_start_method(allow_none=True)
-    state = install_fake_sglang("0.5.17", str(tmp_path / "dist"))
-    yield state
-    state.undo()
-    mp.set_start_method(start_method, force=True)
 
 
 def test_sglang_gets_the_checkpoint_names_and_the_push_is_complete(tiny, fake_sglang):

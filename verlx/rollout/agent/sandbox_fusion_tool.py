@@ -19,7 +19,7 @@ import asyncio
 import logging
 
 from verlx.rollout.agent.http_service import HttpCallError, JsonService
-from verlx.rollout.agent.tools import BaseTool, ToolResult, check_verl_tool_config, config_number
+from verlx.rollout.agent.tools import BaseTool, ToolResult, check_verl_tool_config, config_number, config_url
 from verlx.utils.registry import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -49,10 +49,7 @@ class SandboxFusionTool(BaseTool):
     def __init__(self, config: dict | None = None, schema: dict | None = None):
         super().__init__(config, schema or self.default_schema)
         check_verl_tool_config(self.name, self.config, CONFIG_KEYS)
-        url = self.config.get("sandbox_fusion_url") or ""
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"tool {self.name}: config sandbox_fusion_url must be the service's http(s) URL "
-                             f"(e.g. http://localhost:8080/run_code), got {url!r}")
+        url = config_url(self.name, self.config, "sandbox_fusion_url", "http://localhost:8080/run_code")
         self.default_timeout = config_number(self.name, self.config, "default_timeout", 30)
         self.memory_limit_mb = config_number(self.name, self.config, "memory_limit_mb", 1024)
         self.default_language = self.config.get("default_language", "python")

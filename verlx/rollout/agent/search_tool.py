@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from verlx.rollout.agent.http_service import HttpCallError, JsonService
-from verlx.rollout.agent.tools import BaseTool, ToolResult, check_verl_tool_config, config_number
+from verlx.rollout.agent.tools import BaseTool, ToolResult, check_verl_tool_config, config_number, config_url
 
 logger = logging.getLogger(__name__)
 CONFIG_KEYS = {"retrieval_service_url", "num_workers", "rate_limit", "timeout", "topk", "enable_global_rate_limit"}
@@ -72,10 +72,7 @@ class SearchTool(BaseTool):
     def __init__(self, config: dict | None = None, schema: dict | None = None):
         super().__init__(config, schema or self.default_schema)
         check_verl_tool_config(self.name, self.config, CONFIG_KEYS)
-        url = self.config.get("retrieval_service_url") or ""
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"tool {self.name}: config retrieval_service_url must be the retrieval server's http(s) "
-                             f"URL (e.g. http://127.0.0.1:8000/retrieve), got {url!r}")
+        url = config_url(self.name, self.config, "retrieval_service_url", "http://127.0.0.1:8000/retrieve")
         self.timeout = config_number(self.name, self.config, "timeout", 30)
         self.topk = int(config_number(self.name, self.config, "topk", 3))
         workers = int(config_number(self.name, self.config, "num_workers", 120))

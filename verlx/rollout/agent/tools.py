@@ -222,6 +222,14 @@ def config_number(tool: str, config: dict, key: str, default: float) -> float:
     return value
 
 
+def config_url(tool: str, config: dict, key: str, example: str) -> str:
+    """config[key], which must be an http(s) URL (the service a tool calls)."""
+    url = config.get(key) or ""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"tool {tool}: config {key} must be the service's http(s) URL (e.g. {example}), got {url!r}")
+    return url
+
+
 def as_tool(entry: Any, name: str) -> BaseTool:
     """A registry entry (a BaseTool, a BaseTool subclass with a default schema, or a plain function) → a tool."""
     if isinstance(entry, BaseTool):
