@@ -1,0 +1,161 @@
+"""The GPU benchmark scripts run end to end on the CPU (their smoke modes), so GPU time is not spent on a crash:
+GRPO and async steps, veRL side by side, the reward model, scaling."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import pytest
+
+from helpers.benchmark_scripts import REPO, load_script, run_script
+
+
+def test_async_step_smoke_runs_sync_and_one_step_off_on_cpu(tmp_path):
+    """The rollout-mode benchmark's CPU mode: sync on 2 colocated workers, one_step_off on 1 trainer + 1 rollout
+    worker, both to the end, with the one_step_off run's staleness 1 after its first batch."""
+    proc = run_script([sys.executable, "benchmarks/async_step_gpu.py", "--smoke"], tmp_path)
+    with open(tmp_path / "async_step.json") as f:
+        result = json.load(f)
+    assert set(result["modes"]) == {"sync", "one_step_off"}
+    for mode in result["modes"].values():
+        assert mode["rc"] == 0 and len(mode["steps"]) == 2
+        assert all(step["response_length/mean"] == 4 for step in mode["steps"])  # ignore_eos: the same tokens
+    assert [s["async/staleness/max"] for s in result["modes"]["one_step_off"]["steps"]] == [0.0, 1.0]
+    assert [s["async/staleness/max"] for s in result["modes"]["sync"]["steps"]] == [0.0, 0.0]
+    assert result["modes"]["one_step_off"]["steps"][1]["timing_s/weight_sync"] >= 0
+    assert "| one_step_off |" in proc.stdout
+
+
+def test_grpo_step_smoke_reports_the_automatic_choices_and_a_profile_of_step_2(tmp_path):
+    proc = run_script([sys.executable, "benchmarks/grpo_step_gpu.py", "--smoke", "--profile", "actor"], tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "grpo_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["response_length/mean"] == 8 for r in rows)
+    decisions = json.loads((tmp_path / "grpo_decisions.json").read_text())["run"]
+    assert decisions["actor_budget"] == decisions["log_prob_budget"] == 16384  # the CPU constant
+    assert "gradient checkpointing auto → off (CPU run)" in decisions["lines"][0]
+    summary = json.loads((tmp_path / "profile" / "actor_call2_rank0_summary.json").read_text())
+    assert summary["optimizer_steps"] == 2 and summary["micro_batches"] == 2  # 2 mini-batches of 2 prompts × 2
+    assert "| actor (2, 0) |" in proc.stdout
+
+
+def test_grpo_step_reads_the_budget_from_a_gpu_log_line():
+    script = load_script("grpo_step_gpu")
+    text = ("(WorkerDict pid=1) noise\n[2026-11-30][verlx.trainer.ppo_trainer][INFO] - actor: "
+            "actor_rollout_ref.actor.use_dynamic_bsz auto → true (no micro-batch size set); "
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu auto → 65536 (usable 61.2 GiB = ...); "
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu auto → 65536 (resident 5.5 GiB)\n")
+    decisions = script.auto_decisions(text)
+    assert decisions["actor_budget"] == 65536 == decisions["log_prob_budget"] and len(decisions["lines"]) == 1
+    assert script.auto_decisions("no choices here") == {"lines": [], "actor_budget": None, "log_prob_budget": None}
+
+
+# Two veRL console lines as veRL 0.9.1's LocalLogger prints them (verl/utils/logger/aggregate_logger.py:
+# "step:N" then " - key:pprint.pformat(value)" for every number; numpy 2 scalars print as np.float64(...)), behind
+# the prefix Ray puts on the TaskRunner's output, with a log line in between.
+VERL_CONSOLE = (
+    "(TaskRunnerV1 pid=4242) step:1 - actor/pg_loss:np.float64(-0.0123) - timing_s/gen:12.5 - "
+    "timing_s/update_actor:3.25 - timing_s/step:20.0 - response_length/mean:np.float64(256.0) - "
+    "actor/lr:1e-06 - training/global_step:1 - response/aborted_ratio:np.float64(nan) - perf/flag:True\n"
+    "(TaskRunnerV1 pid=4242) INFO: something else - with:colons\n"
+    "(TaskRunnerV1 pid=4242) step:2 - timing_s/gen:2.5 - timing_s/update_actor:1.5 - timing_s/step:5.0 - "
+    "response_length/mean:np.float64(256.0) - timing_s/old_log_prob:0.5\n"
+)
+
+
+def test_peer_verl_reads_verl_console_metric_lines():
+    script = load_script("peer_verl")
+    rows = script.parse_verl_console(VERL_CONSOLE)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["actor/pg_loss"] == -0.0123 and rows[0]["timing_s/gen"] == 12.5 and rows[0]["actor/lr"] == 1e-6
+    assert rows[0]["perf/flag"] == 1.0 and math.isnan(rows[0]["response/aborted_ratio"])
+    assert rows[1] == {"step": 2, "timing_s/gen": 2.5, "timing_s/update_actor": 1.5, "timing_s/step": 5.0,
+                       "response_length/mean": 256.0, "timing_s/old_log_prob": 0.5}
+
+
+def test_peer_verl_side_by_side_uses_the_steady_steps(capsys):
+    script = load_script("peer_verl")
+    verlx = [{"step": 1, "timing_s/step": 60.0, "response_length/mean": 256.0},
+             {"step": 2, "timing_s/step": 2.0, "timing_s/gen": 0.5, "response_length/mean": 256.0},
+             {"step": 3, "timing_s/step": 2.2, "timing_s/gen": 0.7, "response_length/mean": 256.0}]
+    verl = script.parse_verl_console(VERL_CONSOLE)
+    table = {row["metric"]: row for row in script.side_by_side(verlx, verl, samples_per_step=256)}
+    assert table["timing_s/step"]["verlx"] == pytest.approx(2.1) and table["timing_s/step"]["verl"] == 5.0
+    assert table["timing_s/step"]["verl / verlx"] == pytest.approx(5.0 / 2.1)
+    # 256 samples × 256 tokens over the steady seconds per step
+    assert table["generated tok/s"]["verlx"] == pytest.approx(256 * 256 / 2.1)
+    assert table["generated tok/s"]["verl"] == pytest.approx(256 * 256 / 5.0)
+    assert table["timing_s/ref"] == {"metric": "timing_s/ref", "verlx": None, "verl": None, "verl / verlx": None}
+    script.print_side_by_side(list(table.values()))
+    assert "| timing_s/step | 2.1 | 5 | 2.381 |" in capsys.readouterr().out
+
+
+def test_peer_verl_command_matches_the_verlxrun_script():
+    script = load_script("peer_verl")
+    args = script.parse_args(["--steps", "3"])
+    cmd = script.verl_command("/m", "/d", "/o", args, {"actor_budget": 24576, "log_prob_budget": 65536}, "v0-rmpad")
+    assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
+    overrides = dict(item.split("=", 1) for item in cmd[3:])
+    assert overrides["data.train_batch_size"] == "64" and overrides["actor_rollout_ref.rollout.n"] == "4"
+    assert overrides["data.max_response_length"] == "256"
+    assert overrides["actor_rollout_ref.rollout.ignore_eos"] == "True"
+    assert overrides["actor_rollout_ref.actor.ppo_mini_batch_size"] == "32"  # grpo_step_gpu's prompts // 2
+    assert overrides["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "24576"
+    assert overrides["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == "65536"
+    assert overrides["actor_rollout_ref.actor.use_dynamic_bsz"] == "True"
+    assert overrides["actor_rollout_ref.model.enable_gradient_checkpointing"] == "False"
+    assert overrides["actor_rollout_ref.rollout.name"] == "vllm"
+    assert overrides["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "1"
+    assert overrides["actor_rollout_ref.actor.use_kl_loss"] == "False" and overrides["trainer.use_v1"] == "False"
+    assert overrides["reward.custom_reward_function.path"].endswith("benchmarks/peer_reward.py")
+
+
+def test_peer_verl_smoke_runs_the_verlx_side_and_lists_the_verl_attempts(tmp_path):
+    proc = run_script([sys.executable, "benchmarks/peer_verl.py", "--smoke"], tmp_path)
+    result = json.loads((tmp_path / "peer_verl.json").read_text())
+    assert [r["step"] for r in result["verlx"]] == [1, 2]
+    assert result["budgets"] == {"actor_budget": 16384, "log_prob_budget": 16384}  # what verlx's workers chose
+    assert [t["attempt"] for t in result["verl"]["tried"]] == ["v1-rmpad", "v0-rmpad", "v1-padded"]
+    assert all("ppo_max_token_len_per_gpu=16384" in t["command"] for t in result["verl"]["tried"])
+    step = {row["metric"]: row for row in result["side_by_side"]}["timing_s/step"]
+    assert step["verlx"] > 0 and step["verl"] is None
+    assert "| generated tok/s |" in proc.stdout
+
+
+def test_peer_reward_scores_the_answer_after_the_last_marker():
+    module = load_script("peer_reward")
+    assert module.compute_score("arithmetic", "12+3 is #### 14, no: #### 15", "15") == 1.0
+    assert module.compute_score("arithmetic", "#### 15 then #### 1,5", "15") == 1.0
+    assert module.compute_score("arithmetic", "15", "15") == 0.0
+
+
+def test_reward_model_smoke_scores_exactly_and_trains(tmp_path):
+    run_script([sys.executable, "benchmarks/reward_model_gpu.py", "--smoke"], tmp_path)
+    with open(tmp_path / "reward_model_exactness.json") as f:
+        check = json.load(f)
+    # fp32 on the CPU: the FSDP-built reward model and the checkpoint's own forward agree to rounding
+    assert check["sequences"] == 32 and check["max_abs_diff"] < 1e-5 < check["score_std"]
+    with open(tmp_path / "reward_model_metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["timing_s/reward"] > 0 for r in rows)
+    assert os.path.exists(tmp_path / "reward_model_profile" / "reward_model_step2_rank0_summary.json")
+
+
+def test_scaling_layouts_and_the_steady_step_summary():
+    """scaling_gpu.py: a layout is GPUSxTP with TP dividing the GPUs; the table shows medians of steps ≥ 2."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+    import scaling_gpu
+
+    assert scaling_gpu.parse_layout("4x2") == (4, 2)
+    with pytest.raises(argparse.ArgumentTypeError, match="TP size 3 must divide the 4 GPUs"):
+        scaling_gpu.parse_layout("4x3")
+    rows = [{"step": s, "timing_s/step": t, "perf/throughput": 100.0 * s} for s, t in ((1, 60.0), (2, 5.0),
+                                                                                      (3, 7.0), (4, 6.0))]
+    summary = scaling_gpu.summarize(rows)
+    assert summary["step s"] == 6.0 and summary["tokens/s/GPU"] == 300.0  # step 1 (compiling) left out
+    assert summary["awake GB (max)"] is None  # not reported (CPU)
+    assert scaling_gpu.summarize(rows[:1])["step s"] == 60.0
