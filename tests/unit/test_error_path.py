@@ -92,6 +92,20 @@ def test_a_phase_timeout_prints_one_line_and_files_the_stacks(tmp_path, monkeypa
     assert "STACK0" not in err and "STACK0" in next(tmp_path.iterdir()).read_text()
 
 
+@pytest.mark.parametrize("handler_error, code, message", [
+    (Interrupted(2, "stopped at once on a second signal (SIGINT)"), 130,
+     "error: stopped at once on a second signal (SIGINT)\n"),
+    (KeyboardInterrupt(), 130, "interrupted (SIGINT)\n"),
+])
+def test_a_signal_handlers_error_raised_inside_ray_wait_is_reported_as_itself(handler_error, code, message, capsys):
+    """Ray's ray.wait checks for signals in Cython: the handler's exception comes out as SystemError("<cyfunction
+    CoreWorker.wait> returned a result with an exception set") caused by it (seen 2026-11-26: exit 1 and an
+    'unexpected' traceback file instead of the stop message and 128 + the signal)."""
+    from_ray_wait = SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set")
+    from_ray_wait.__cause__ = handler_error
+    assert exit_of(from_ray_wait, capsys) == (code, message)
+
+
 def test_an_unexpected_error_names_its_traceback_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VERLX_ERROR_DIR", str(tmp_path))
     code, err = exit_of(ZeroDivisionError("division by zero"), capsys)

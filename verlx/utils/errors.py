@@ -129,8 +129,18 @@ def _print(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _raised_by_a_signal_handler(error: BaseException) -> BaseException:
+    """A signal handler's exception (verlx's Interrupted, Python's KeyboardInterrupt) raised while a C extension
+    checked for signals comes back as that extension's SystemError ("... returned a result with an exception set"),
+    caused by it: Ray's ray.wait, where the driver spends most of its time. The handler's exception is the error."""
+    while isinstance(error, SystemError) and isinstance(error.__cause__, (VerlxError, KeyboardInterrupt)):
+        error = error.__cause__
+    return error
+
+
 def report(error: BaseException) -> int:
     """Print `error` as verlx reports it; the exit code."""
+    error = _raised_by_a_signal_handler(error)
     if isinstance(error, VerlxError):
         message = f"error: {error.summary()}"
         details = error.details()
