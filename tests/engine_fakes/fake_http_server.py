@@ -1,6 +1,7 @@
 """What the vLLM and SGLang stand-in servers (fake_vllm_server.py, fake_sglang_server.py) share: JSON answers, a
 health endpoint, the request log their start-up errors quote, serving on a host and port until SIGTERM, and the
-package a server subprocess imports to install the stand-in."""
+package a server subprocess imports to install the stand-in. With FAKE_SERVER_REQUEST_LOG set, the request log
+also goes to that file (a test's own copy: verlx removes the server's log after a clean stop)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import asyncio
 import json
 import os
 import signal
+
+#: a file the server appends its request log to
+REQUEST_LOG_ENV = "FAKE_SERVER_REQUEST_LOG"
 
 
 class FakeHTTPServer:
@@ -40,9 +44,14 @@ class FakeHTTPServer:
         async def health(request):
             return self.answer()
 
+        copy = os.environ.get(REQUEST_LOG_ENV)
+
         @web.middleware
         async def log_requests(request, handler):
             print(request.method, request.path_qs, flush=True)  # the log the engine's start-up errors quote
+            if copy:
+                with open(copy, "a") as f:
+                    print(request.method, request.path_qs, file=f)
             return await handler(request)
 
         app = web.Application(client_max_size=1 << 30, middlewares=[log_requests])

@@ -4,11 +4,11 @@ it answers its health check, name the port, the log's last lines and what to che
 requests (control calls blocking, generation requests as coroutines on the client's own event loop), and stop it.
 
 Its log (`$TMPDIR/verlx_<engine>_server_rank<R>_port<P>.log`) is removed when verlx stops a running server cleanly
-(`shutdown()`), and kept wherever it may explain something: a server that did not come up (ServerStartError names
-it), a start that raised after the server came up (`shutdown(keep_log=True)`), a server process that exited on its
-own (the request that found it gone raises ServerExitedError naming its exit code and log; shutdown warns with the
-path), a stop that raised, and a server stopped only by the interpreter's exit (no one called shutdown: an uncaught
-error may be why).
+(`shutdown()`, which a run's end reaches through Worker.close), and kept wherever it may explain something: a server
+that did not come up (ServerStartError names it), a start that raised after the server came up
+(`shutdown(keep_log=True)`), a server process that exited on its own (the request that found it gone raises
+ServerExitedError naming its exit code and log; shutdown warns with the path), a stop that raised, and a server
+stopped only by the interpreter's exit (no one called shutdown: an uncaught error may be why).
 
 `EngineServer` is that client; sglang_server.py and vllm_server.py add each engine's endpoints and its server
 process (`python -m <module> '<server arguments as JSON>'`).
