@@ -15,10 +15,16 @@ from verlx.single_controller.ray import RayWorkerGroup, group_method
 class EchoWorker(Worker):
     """Records what reached which rank."""
 
-    def __init__(self, tag: str = "echo"):
+    def __init__(self, tag: str = "echo", close_marker: str | None = None):
         super().__init__()
         self.tag = tag
         self.state = 0
+        self.close_marker = close_marker
+
+    def close(self) -> None:
+        """Leaves `<close_marker>.<rank>` behind, for a test of the group's shutdown."""
+        if self.close_marker:
+            open(f"{self.close_marker}.{self.rank}", "w").close()
 
     @register(Dispatch.ONE_TO_ALL)
     def whoami(self, suffix: str):

@@ -169,11 +169,14 @@ def test_server_mode_trains_through_the_engines_http_servers(ray_cpu, tiny_model
     port = 20000 + os.getpid() % 20000
     run_ppo(make_config(tiny_model_dir, arithmetic_data_dir, tmp_path / "server", *common,
                         "actor_rollout_ref.rollout.server.enable=true",
-                        f"actor_rollout_ref.rollout.server.port={port}"))
+                        f"actor_rollout_ref.rollout.server.port={port}",
+                        f"+actor_rollout_ref.rollout.engine_kwargs.custom.request_log_dir={tmp_path}"))
     for rank in (0, 1):  # each replica's server served the pushes and the generations (its request log)
-        log = os.path.join(tempfile.gettempdir(), f"verlx_{engine}_server_rank{rank}_port{port + rank}.log")
-        with open(log) as f:
+        with open(tmp_path / f"rank{rank}.log") as f:
             served = f.read()
+        # the run stopped its servers cleanly: verlx removed their logs
+        assert not os.path.exists(os.path.join(tempfile.gettempdir(),
+                                               f"verlx_{engine}_server_rank{rank}_port{port + rank}.log"))
         pushes = served.count(push) - (engine == "vllm")  # vllm: one more call at start, for the model's names
         assert pushes == 2 and served.count(generate) >= 8
     in_process, server = read_metrics(tmp_path / "in_process"), read_metrics(tmp_path / "server")

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
+
+from engine_fakes.fake_http_server import FakeHTTPServer
+from engine_fakes.fake_http_server import write_importable_package as write_package
 
 SHIM = '''"""The recording stand-in of sglang for a subprocess (tests/engine_fakes/fake_sglang_server.py)."""
 import importlib
@@ -35,10 +37,7 @@ if os.environ.get("FAKE_SGLANG_COMPLETION"):
 
 
 def write_importable_package(site_dir: str) -> str:
-    os.makedirs(os.path.join(site_dir, "sglang"), exist_ok=True)
-    with open(os.path.join(site_dir, "sglang", "__init__.py"), "w") as f:
-        f.write(SHIM)
-    return site_dir
+    return write_package(site_dir, "sglang", SHIM)
 
 
 def _fields(server_args) -> dict:
@@ -47,89 +46,76 @@ def _fields(server_args) -> dict:
     return {name: getattr(server_args, name) for name in server_args.__struct_fields__}
 
 
+class FakeSGLangServer(FakeHTTPServer):
+    health_paths = ("/health", "/health_generate")
+
+    def __init__(self, state, engine, serializer):
+        self.state, self.engine, self.serializer = state, engine, serializer
+
+    def routes(self) -> list[tuple[str, str, object]]:
+        routes = [("POST", "/generate", self.generate), ("POST", "/abort_request", self.abort_request),
+                  ("POST", "/release_memory_occupation", self.memory),
+                  ("POST", "/resume_memory_occupation", self.memory),
+                  ("POST", "/update_weights_from_tensor", self.update_weights), ("*", "/flush_cache", self.flush_cache),
+                  ("GET", "/fake_calls", self.fake_calls), ("GET", "/fake_image_data", self.fake_image_data)]
+        if hasattr(self.engine, "begin_weight_update"):
+            routes += [("POST", "/begin_weight_update", self.session), ("POST", "/end_weight_update", self.session)]
+        return routes
+
+    def status_of(self, result):
+        success, message = result if isinstance(result, tuple) else (result.success, "")
+        return self.answer({"success": success, "message": message}, 200 if success else 400)
+
+    async def generate(self, request):
+        body = await request.json()
+        try:
+            out = await self.engine.async_generate(input_ids=body["input_ids"], sampling_params=body["sampling_params"],
+                                                   return_logprob=body.get("return_logprob", False),
+                                                   rid=body.get("rid"), image_data=body.get("image_data"))
+        except RuntimeError as e:
+            return self.answer({"error": {"message": str(e)}}, 400)
+        return self.answer(out)
+
+    async def abort_request(self, request):
+        body = await request.json()
+        self.engine.tokenizer_manager.abort_request(rid=body.get("rid", ""), abort_all=body.get("abort_all", False))
+        return self.answer()
+
+    async def memory(self, request):
+        body = await request.json()
+        try:
+            getattr(self.engine, request.path.strip("/"))(tags=body.get("tags"))
+        except RuntimeError as e:
+            return self.answer({"error": {"message": str(e)}}, 400)
+        return self.answer()
+
+    async def update_weights(self, request):
+        body = await request.json()
+        named = self.serializer.deserialize(body["serialized_named_tensors"][0])
+        return self.status_of(self.engine.update_weights_from_tensor(named, load_format=body.get("load_format"),
+                                                                     flush_cache=body.get("flush_cache", True)))
+
+    async def flush_cache(self, request):
+        return self.status_of(self.engine.flush_cache())
+
+    async def session(self, request):
+        return self.status_of(getattr(self.engine, request.path.strip("/"))())
+
+    async def fake_calls(self, request):
+        return self.answer([[c[0], *(x for x in c[1:] if isinstance(x, (str, bool, int, list)) and c[0] != "Engine")]
+                            for c in self.state.calls])
+
+    async def fake_image_data(self, request):
+        return self.answer(self.state.image_data)
+
+
 def make_launch_server(state, engine_cls, serializer):
     def launch_server(server_args, pipe_finish_writer=None, launch_callback=None):
-        from aiohttp import web
-
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        kwargs = {k: v for k, v in _fields(server_args).items() if k != "host"}
-        engine = engine_cls(**kwargs)
+        engine = engine_cls(**{k: v for k, v in _fields(server_args).items() if k != "host"})
         engine.loop = loop  # the server's loop is the tokenizer manager's
-
-        def ok(answer=None, status: int = 200):
-            return web.json_response(answer if answer is not None else {}, status=status)
-
-        def status_of(result):
-            success, message = result if isinstance(result, tuple) else (result.success, "")
-            return ok({"success": success, "message": message}, 200 if success else 400)
-
-        async def health(request):
-            return web.Response(text="OK")
-
-        async def generate(request):
-            body = await request.json()
-            try:
-                out = await engine.async_generate(input_ids=body["input_ids"], sampling_params=body["sampling_params"],
-                                                  return_logprob=body.get("return_logprob", False),
-                                                  rid=body.get("rid"), image_data=body.get("image_data"))
-            except RuntimeError as e:
-                return ok({"error": {"message": str(e)}}, 400)
-            return ok(out)
-
-        async def abort_request(request):
-            body = await request.json()
-            engine.tokenizer_manager.abort_request(rid=body.get("rid", ""), abort_all=body.get("abort_all", False))
-            return ok()
-
-        async def memory(request):
-            body = await request.json()
-            method = request.path.strip("/")
-            try:
-                getattr(engine, method)(tags=body.get("tags"))
-            except RuntimeError as e:
-                return ok({"error": {"message": str(e)}}, 400)
-            return ok()
-
-        async def update_weights(request):
-            body = await request.json()
-            named = serializer.deserialize(body["serialized_named_tensors"][0])
-            return status_of(engine.update_weights_from_tensor(named, load_format=body.get("load_format"),
-                                                               flush_cache=body.get("flush_cache", True)))
-
-        async def flush_cache(request):
-            return status_of(engine.flush_cache())
-
-        async def session(request):
-            return status_of(getattr(engine, request.path.strip("/"))())
-
-        async def fake_calls(request):
-            return ok([[c[0], *(x for x in c[1:] if isinstance(x, (str, bool, int, list)) and c[0] != "Engine")]
-                       for c in state.calls])
-
-        async def fake_image_data(request):
-            return ok(state.image_data)
-
-        @web.middleware
-        async def log_requests(request, handler):
-            print(request.method, request.path, flush=True)  # the log the engine's start-up errors quote
-            return await handler(request)
-
-        app = web.Application(client_max_size=1 << 30, middlewares=[log_requests])
-        app.router.add_get("/health", health)
-        app.router.add_get("/health_generate", health)
-        app.router.add_post("/generate", generate)
-        app.router.add_post("/abort_request", abort_request)
-        app.router.add_post("/release_memory_occupation", memory)
-        app.router.add_post("/resume_memory_occupation", memory)
-        app.router.add_post("/update_weights_from_tensor", update_weights)
-        app.router.add_route("*", "/flush_cache", flush_cache)
-        if hasattr(engine, "begin_weight_update"):
-            app.router.add_post("/begin_weight_update", session)
-            app.router.add_post("/end_weight_update", session)
-        app.router.add_get("/fake_calls", fake_calls)
-        app.router.add_get("/fake_image_data", fake_image_data)
-        web.run_app(app, host=server_args.host, port=server_args.port, loop=loop, print=None,
-                    handle_signals=True)
+        server = FakeSGLangServer(state, engine, serializer)
+        loop.run_until_complete(server.serve(server_args.host, server_args.port))
 
     return launch_server

@@ -29,10 +29,12 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
-import json
 import os
 
 import torch
+
+from engine_fakes.fake_http_server import FakeHTTPServer
+from engine_fakes.fake_http_server import write_importable_package as write_package
 
 SHIM = '''"""The recording stand-in of vllm for a subprocess (tests/engine_fakes/fake_vllm_server.py)."""
 import importlib
@@ -59,10 +61,7 @@ SERVER_ENV_SEEN = (DEV_MODE, "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULT
 
 
 def write_importable_package(site_dir: str) -> str:
-    os.makedirs(os.path.join(site_dir, "vllm"), exist_ok=True)
-    with open(os.path.join(site_dir, "vllm", "__init__.py"), "w") as f:
-        f.write(SHIM)
-    return site_dir
+    return write_package(site_dir, "vllm", SHIM)
 
 
 class FlexibleArgumentParser(argparse.ArgumentParser):
@@ -106,7 +105,7 @@ def worker_class(qualname: str) -> type:
     return type("Worker", (_Worker, extension), {})
 
 
-class FakeServer:
+class FakeVLLMServer(FakeHTTPServer):
     def __init__(self, state, engine_args, dev_mode: bool):
         from engine_fakes.fake_vllm import RequestOutputKind, SamplingParams, TokensPrompt
 
@@ -123,7 +122,7 @@ class FakeServer:
         self.work = asyncio.Event()
 
     # ------------------------------------------------------------------ the engine loop
-    async def run_engine(self) -> None:
+    async def run(self) -> None:
         """Step while requests make progress; then wait for a new request or a wake-up."""
         while True:
             await self.work.wait()
@@ -175,115 +174,88 @@ class FakeServer:
         return len(externals)
 
     # ------------------------------------------------------------------ endpoints
-    def app(self):
-        from aiohttp import web
-
-        def ok(answer=None, status: int = 200):
-            if answer is None:
-                return web.Response(status=status)
-            return web.Response(text=json.dumps(answer, default=str), status=status, content_type="application/json")
-
-        async def health(request):
-            return ok()
-
-        async def generate(request):
-            body = await request.json()
-            sampling = dict(body["sampling_params"])
-            kind = self.kinds(sampling.pop("output_kind", self.kinds.CUMULATIVE.value))
-            try:
-                params = self.sampling_class(**sampling)
-            except TypeError as e:
-                return ok({"error": {"message": str(e), "code": 400}}, 400)
-            external = TOKENS_PREFIX + body["request_id"]
-            n = params.kwargs["n"]
-            future = asyncio.get_running_loop().create_future()
-            self.requests[external] = {"future": future, "kind": kind,
-                                       "logprobs": params.kwargs["logprobs"] is not None,
-                                       "samples": [{"tokens": [], "lps": [], "last": ([], []), "reason": None}
-                                                   for _ in range(n)]}
-            try:
-                for index in range(n):
-                    child = self.sampling_class(**{**sampling, "n": 1})
-                    child.output_kind = self.kinds.DELTA
-                    prompt = self.prompt_class(prompt_token_ids=body["token_ids"])
-                    self.engine.add_request(f"{index}_{external}", prompt, child)
-                    self.child_of[f"{index}_{external}"] = (external, index)
-            except RuntimeError as e:
-                del self.requests[external]
-                return ok({"error": {"message": str(e), "code": 400}}, 400)
-            self.work.set()
-            return ok(await future)
-
-        async def abort_requests(request):
-            ids = (await request.json()).get("request_ids")
-            self.state.calls.append(("abort_requests", ids))
-            ids = ids or list(self.requests)
-            return ok({"status": "aborted", "aborted": self.abort(ids)})
-
-        async def sleep(request):
-            self.abort(list(self.requests))  # mode=abort, the default
-            self.llm.sleep(level=int(request.query.get("level", "1")))
-            return ok()
-
-        async def wake_up(request):
-            self.llm.wake_up(tags=request.query.getall("tags", []) or None)
-            self.work.set()
-            return ok()
-
-        async def is_sleeping(request):
-            return ok({"is_sleeping": bool(self.llm.sleeping)})
-
-        async def reset_prefix_cache(request):
-            return ok({"success": bool(self.llm.reset_prefix_cache())})
-
-        async def collective_rpc(request):
-            body = await request.json()
-            method = body.get("method")
-            if method is None:
-                return ok({"detail": "Missing 'method' in request body"}, 400)
-            try:
-                results = [getattr(w, method)(*body.get("args", []), **body.get("kwargs", {})) for w in self.workers]
-            except Exception as e:  # vLLM's engine core fails the call; the server answers 500
-                return ok({"error": {"message": f"{type(e).__name__}: {e}", "code": 500}}, 500)
-            self.state.calls.append(("collective_rpc", method, results))
-            return ok({"results": [r if r is None or isinstance(r, (dict, list)) else str(r) for r in results]})
-
-        async def fake_calls(request):
-            return ok(self.state.calls)
-
-        @web.middleware
-        async def log_requests(request, handler):
-            print(request.method, request.path_qs, flush=True)  # the log the engine's start-up errors quote
-            return await handler(request)
-
-        app = web.Application(client_max_size=1 << 30, middlewares=[log_requests])
-        app.router.add_get("/health", health)
-        app.router.add_post("/inference/v1/generate", generate)
+    def routes(self) -> list[tuple[str, str, object]]:
+        routes = [("POST", "/inference/v1/generate", self.generate), ("GET", "/fake_calls", self.fake_calls)]
         if self.dev_mode:
-            app.router.add_post("/abort_requests", abort_requests)
-            app.router.add_post("/sleep", sleep)
-            app.router.add_post("/wake_up", wake_up)
-            app.router.add_get("/is_sleeping", is_sleeping)
-            app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
-            app.router.add_post("/collective_rpc", collective_rpc)
-        app.router.add_get("/fake_calls", fake_calls)
-        return app
+            routes += [("POST", "/abort_requests", self.abort_requests), ("POST", "/sleep", self.sleep),
+                       ("POST", "/wake_up", self.wake_up), ("GET", "/is_sleeping", self.is_sleeping),
+                       ("POST", "/reset_prefix_cache", self.reset_prefix_cache),
+                       ("POST", "/collective_rpc", self.collective_rpc)]
+        return routes
+
+    async def generate(self, request):
+        body = await request.json()
+        sampling = dict(body["sampling_params"])
+        kind = self.kinds(sampling.pop("output_kind", self.kinds.CUMULATIVE.value))
+        try:
+            params = self.sampling_class(**sampling)
+        except TypeError as e:
+            return self.answer({"error": {"message": str(e), "code": 400}}, 400)
+        external = TOKENS_PREFIX + body["request_id"]
+        n = params.kwargs["n"]
+        future = asyncio.get_running_loop().create_future()
+        self.requests[external] = {"future": future, "kind": kind, "logprobs": params.kwargs["logprobs"] is not None,
+                                   "samples": [{"tokens": [], "lps": [], "last": ([], []), "reason": None}
+                                               for _ in range(n)]}
+        try:
+            for index in range(n):
+                child = self.sampling_class(**{**sampling, "n": 1})
+                child.output_kind = self.kinds.DELTA
+                prompt = self.prompt_class(prompt_token_ids=body["token_ids"])
+                self.engine.add_request(f"{index}_{external}", prompt, child)
+                self.child_of[f"{index}_{external}"] = (external, index)
+        except RuntimeError as e:
+            del self.requests[external]
+            return self.answer({"error": {"message": str(e), "code": 400}}, 400)
+        self.work.set()
+        return self.answer(await future)
+
+    async def abort_requests(self, request):
+        ids = (await request.json()).get("request_ids")
+        self.state.calls.append(("abort_requests", ids))
+        ids = ids or list(self.requests)
+        return self.answer({"status": "aborted", "aborted": self.abort(ids)})
+
+    async def sleep(self, request):
+        self.abort(list(self.requests))  # mode=abort, the default
+        self.llm.sleep(level=int(request.query.get("level", "1")))
+        return self.answer()
+
+    async def wake_up(self, request):
+        self.llm.wake_up(tags=request.query.getall("tags", []) or None)
+        self.work.set()
+        return self.answer()
+
+    async def is_sleeping(self, request):
+        return self.answer({"is_sleeping": bool(self.llm.sleeping)})
+
+    async def reset_prefix_cache(self, request):
+        return self.answer({"success": bool(self.llm.reset_prefix_cache())})
+
+    async def collective_rpc(self, request):
+        body = await request.json()
+        method = body.get("method")
+        if method is None:
+            return self.answer({"detail": "Missing 'method' in request body"}, 400)
+        try:
+            results = [getattr(w, method)(*body.get("args", []), **body.get("kwargs", {})) for w in self.workers]
+        except Exception as e:  # vLLM's engine core fails the call; the server answers 500
+            return self.answer({"error": {"message": f"{type(e).__name__}: {e}", "code": 500}}, 500)
+        self.state.calls.append(("collective_rpc", method, results))
+        return self.answer({"results": [r if r is None or isinstance(r, (dict, list)) else str(r) for r in results]})
+
+    async def fake_calls(self, request):
+        return self.answer(self.state.calls)
 
 
 def make_run_server(state):
     async def run_server(args, **uvicorn_kwargs) -> None:
-        from aiohttp import web
-
         from engine_fakes.fake_vllm import EngineArgs
 
         if state.start_error:
             raise RuntimeError(state.start_error)
         state.calls.append(("server", {k: os.environ.get(k) for k in SERVER_ENV_SEEN}))
         engine_args = EngineArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)})
-        server = FakeServer(state, engine_args, os.environ.get(DEV_MODE) == "1")
-        runner = web.AppRunner(server.app())
-        await runner.setup()
-        await web.TCPSite(runner, args.host, args.port).start()
-        await server.run_engine()
+        await FakeVLLMServer(state, engine_args, os.environ.get(DEV_MODE) == "1").serve(args.host, args.port)
 
     return run_server

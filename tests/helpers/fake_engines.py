@@ -3,13 +3,15 @@ through Ray can name (rollout.name=helpers.fake_engines:FakeSGLangEngine): the s
 worker process when its engine is built. Every request runs to its token budget with tokens inside the tiny test
 model's vocabulary, one token per round (SGLang) or step (vLLM) taking engine_kwargs.custom.token_s seconds, so a
 generation is still running when the trainer's weights change (partial rollout). Both also run in server mode,
-against their stand-in's HTTP server."""
+against their stand-in's HTTP server (engine_kwargs.custom.request_log_dir: each server's request log copied to
+rank<R>.log there, R the rank that started it)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 
+from engine_fakes.fake_http_server import REQUEST_LOG_ENV
 from engine_fakes.fake_sglang import install_fake_sglang
 from engine_fakes.fake_sglang_server import write_importable_package
 from engine_fakes.fake_vllm import install_fake_vllm
@@ -26,6 +28,12 @@ def to_budget(prompt: list[int], sample: int, params: dict) -> tuple[list[int], 
     n = params["max_new_tokens"]
     tokens = [(sum(prompt) + 7 * sample + k) % (VOCAB - 20) + 10 for k in range(n)]
     return tokens, [-1.0 - k / 100 for k in range(n)], "length"
+
+
+def request_log_env(ctx) -> dict[str, str]:
+    """Where the server this rank starts copies its request log, if the test asked (engine_kwargs.custom)."""
+    folder = ctx.config.engine_kwargs.custom.get("request_log_dir")
+    return {REQUEST_LOG_ENV: os.path.join(folder, f"rank{ctx.rank}.log")} if folder else {}
 
 
 class _Available:
@@ -54,7 +62,7 @@ class FakeSGLangEngine(_Available, SGLangRolloutEngine):
                 PYTHONPATH=os.pathsep.join([site, TESTS, os.environ.get("PYTHONPATH", "")]),
                 FAKE_SGLANG_VERSION="0.5.17", FAKE_SGLANG_DIST=tempfile.mkdtemp(prefix="fake_sglang_server_"),
                 FAKE_SGLANG_ROUNDS=str(ctx.config.response_length), FAKE_SGLANG_ROUND_S=str(state.round_s),
-                FAKE_SGLANG_COMPLETION="helpers.fake_engines:to_budget")
+                FAKE_SGLANG_COMPLETION="helpers.fake_engines:to_budget", **request_log_env(ctx))
         super().__init__(ctx)
 
 
@@ -72,5 +80,5 @@ class FakeVLLMEngine(_Available, VLLMRolloutEngine):
                 PYTHONPATH=os.pathsep.join([site, TESTS, os.environ.get("PYTHONPATH", "")]),
                 FAKE_VLLM_VERSION="0.26.0", FAKE_VLLM_DIST=tempfile.mkdtemp(prefix="fake_vllm_server_"),
                 FAKE_VLLM_ONE_STEP_PER_TOKEN="1", FAKE_VLLM_STEP_S=str(state.step_s),
-                FAKE_VLLM_COMPLETION="helpers.fake_engines:to_budget")
+                FAKE_VLLM_COMPLETION="helpers.fake_engines:to_budget", **request_log_env(ctx))
         super().__init__(ctx)

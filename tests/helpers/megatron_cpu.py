@@ -13,6 +13,7 @@ on a GPU. `cuda_as_cpu()` keeps all of that on the CPU; everything else runs unc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 
 import pytest
@@ -97,21 +98,26 @@ def megatron_on_cpu(one_rank, monkeypatch):
 
 
 @contextmanager
-def two_gloo_ranks_with_tiny_qwen2(rank: int, tmp: str):
-    """One of 2 gloo ranks (rendezvous through a file in `tmp`) with megatron on the CPU: yields the path of a tiny
-    Qwen2 that rank 0 wrote; the process group is destroyed afterwards."""
+def two_gloo_ranks_with_model(rank: int, tmp: str, save_model: Callable[[str], None]):
+    """One of 2 gloo ranks (rendezvous through a file in `tmp`) with megatron on the CPU: yields the path of the HF
+    model rank 0 wrote with `save_model(path)`; the process group is destroyed afterwards."""
     import os
 
     import torch.distributed as dist
-
-    from helpers.tiny_tokenizer import save_tiny_qwen2
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=2)
     path = os.path.join(tmp, "hf")
     if rank == 0:
-        save_tiny_qwen2(path)
+        save_model(path)
     dist.barrier()
     with pytest.MonkeyPatch.context() as monkeypatch, cuda_as_cpu(monkeypatch):
         yield path
     dist.destroy_process_group()
+
+
+def two_gloo_ranks_with_tiny_qwen2(rank: int, tmp: str):
+    """`two_gloo_ranks_with_model` with a tiny Qwen2."""
+    from helpers.tiny_tokenizer import save_tiny_qwen2
+
+    return two_gloo_ranks_with_model(rank, tmp, save_tiny_qwen2)

@@ -117,6 +117,28 @@ def test_timeout_reports_phase_ranks_and_stacks(ray_cpu):
     pool.release()
 
 
+def test_shutdown_closes_the_workers_unless_a_call_timed_out_or_still_runs(ray_cpu, tmp_path):
+    """A closed worker stops what it started (an engine server, its log removed); a group that timed out may be
+    stuck, and one still running a call (a stop signal interrupted the driver's wait, or a call in flight) would
+    close only after it: both are killed at once without closing."""
+    for name in ("healthy", "stuck", "busy"):
+        pool = RayResourcePool([2], use_gpu=False, name_prefix=name)
+        group = EchoGroup(pool, RayClassWithInitArgs(EchoWorker, close_marker=str(tmp_path / name)), name=name)
+        group.set_timeouts(hang_in_function_named_stuck_here=1.0)
+        if name == "stuck":
+            with pytest.raises(PhaseTimeoutError):
+                group.hang_in_function_named_stuck_here(30)
+        elif name == "busy":
+            group.sleep(60)  # non-blocking: still running at shutdown
+        else:
+            assert group.add(1) == [1, 1]
+        start = time.monotonic()
+        group.shutdown()
+        assert time.monotonic() - start < 20, name
+        pool.release()
+    assert sorted(os.listdir(tmp_path)) == ["healthy.0", "healthy.1"]
+
+
 def test_dead_worker_is_named_within_seconds(ray_cpu):
     pool = RayResourcePool([2], use_gpu=False, name_prefix="die")
     group = EchoGroup(pool, RayClassWithInitArgs(EchoWorker), name="die")

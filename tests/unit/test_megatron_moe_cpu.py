@@ -102,23 +102,14 @@ def _export_matches_stream(engine, path: str, name: str) -> bool:
 
 
 def _worker(rank: int, tmp: str) -> None:
-    import torch.distributed as dist
+    from helpers.megatron_cpu import two_gloo_ranks_with_model
 
-    from helpers.megatron_cpu import cuda_as_cpu
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=2)
-    path = os.path.join(tmp, "hf")
-    if rank == 0:
-        _save_model(path)
-    dist.barrier()
-    data = ragged_ppo_batch(0, rows=8, token_range=(3, 40), meta_info={"temperature": 1.0})
-    out = {"hf": _hf_log_probs(path, data)}
-    with pytest.MonkeyPatch.context() as monkeypatch, cuda_as_cpu(monkeypatch):
+    with two_gloo_ranks_with_model(rank, tmp, _save_model) as path:
+        data = ragged_ppo_batch(0, rows=8, token_range=(3, 40), meta_info={"temperature": 1.0})
+        out = {"hf": _hf_log_probs(path, data)}
         for name in LAYOUTS:
             out[name] = _run_layout(path, name, data)
-    torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+        torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
 
 
 def test_expert_and_tensor_parallel_moe_match_hf_and_data_parallel():

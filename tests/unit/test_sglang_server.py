@@ -2,17 +2,15 @@
 protocol (the stand-in's Engine behind SGLang's endpoints, tests/engine_fakes/fake_sglang_server.py): verlx starts it,
 waits for its health check, streams requests to it (the same batch an in-process engine gives), pushes weights as
 in-process (handles through /update_weights_from_tensor inside a weight-update session), releases and resumes its
-memory, aborts a partial rollout's requests, and stops it. A server that does not come up is named with its port,
-its log's last lines and what to check; an engine without a server is refused before Ray."""
+memory, aborts a partial rollout's requests, and stops it (its log removed); an engine without a server is refused
+before Ray. Start failures and a server that exits on its own: test_engine_server.py."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
-import multiprocessing as mp
 import os
-import socket
 import urllib.error
 import urllib.request
 
@@ -20,46 +18,17 @@ import numpy as np
 import pytest
 
 from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
-from engine_fakes.fake_sglang import install_fake_sglang
-from engine_fakes.fake_sglang_server import write_importable_package
+from engine_fakes.servers import calls, free_port, served_fake, server_ctx, server_log
 from verlx.config.roles import RolloutServerConfig
-from verlx.rollout.engine_server import ServerStartError
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
-
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     """The stand-in in this process (the adapter's release checks, ServerArgs, the serializer) and importable by the
     server process."""
-    site = write_importable_package(str(tmp_path / "site"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([site, TESTS, os.path.dirname(TESTS),
-                                                      os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("FAKE_SGLANG_VERSION", "0.5.23")
-    monkeypatch.setenv("FAKE_SGLANG_DIST", str(tmp_path / "server_dist"))
-    start_method = mp.get_start_method(allow_none=True)
-    state = install_fake_sglang("0.5.23", str(tmp_path / "dist"))
-    yield state
-    state.undo()
-    mp.set_start_method(start_method, force=True)
-
-
-def server_ctx(path, port: int, **overrides):
-    ctx = make_ctx(str(path), load_format="auto", **overrides)
-    ctx.config.server = RolloutServerConfig(enable=True, port=port, startup_timeout_s=60)
-    return ctx
-
-
-def calls(url: str) -> list[list]:
-    with urllib.request.urlopen(f"{url}/fake_calls", timeout=10) as response:
-        return json.loads(response.read())
+    with served_fake("sglang", tmp_path, monkeypatch) as state:
+        yield state
 
 
 def test_the_stream_and_the_weights_go_through_the_server(fake, tmp_path):
@@ -87,10 +56,12 @@ def test_the_stream_and_the_weights_go_through_the_server(fake, tmp_path):
         ]
         update = [c for c in calls(engine.server_url) if c[0] == "update_weights_from_tensor"][0]
         assert update[1] == hf_names  # every tensor, by its HF name, in one bucket
+        assert os.path.exists(server_log(tmp_path, "sglang", port))
     finally:
         engine.shutdown()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+    assert not os.path.exists(server_log(tmp_path, "sglang", port))  # verlx stopped it cleanly: no log left
 
 
 def test_images_go_to_the_server_as_base64_png_of_the_same_pixels(fake, tmp_path):
@@ -131,30 +102,6 @@ def test_a_partial_rollout_aborts_the_requests_on_the_server(fake, tmp_path, mon
         assert [c for c in calls(engine.server_url) if c[0] == "abort_request"] == [["abort_request", "", True]]
     finally:
         engine.shutdown()
-
-
-@pytest.mark.parametrize("failure", ["start_error", "port_taken"])
-def test_a_server_that_does_not_come_up_names_its_port_log_and_what_to_check(fake, tmp_path, monkeypatch, failure):
-    port = free_port()
-    holder = socket.socket()
-    if failure == "start_error":
-        monkeypatch.setenv("FAKE_SGLANG_START_ERROR", "Rank 0 scheduler died during initialization (exit code: -9)")
-        expected_in_log = "Rank 0 scheduler died during initialization"
-    else:
-        holder.bind(("127.0.0.1", port))
-        holder.listen()
-        expected_in_log = "address already in use"
-    try:
-        with pytest.raises(ServerStartError) as info:
-            SGLangRolloutEngine(server_ctx(tmp_path / "model", port))
-    finally:
-        holder.close()
-    message = str(info.value)
-    assert f"the sglang server of rollout rank 0 did not come up on http://127.0.0.1:{port}: its process exited" \
-        in message
-    assert f"verlx_sglang_server_rank0_port{port}.log:" in message and expected_in_log in message.lower() \
-        if failure == "port_taken" else expected_in_log in message
-    assert f"Check that port {port} is free" in message and "server.startup_timeout_s" in message
 
 
 def test_an_engine_without_a_server_is_refused_before_ray_naming_it():

@@ -4,13 +4,11 @@ tests/engine_fakes/fake_vllm_server.py): verlx starts it with the in-process arg
 endpoints, waits for /health, generates through /inference/v1/generate (the same batch as in-process), pushes
 weights through /collective_rpc into its weight receiver in every worker (the loaded names checked as in-process),
 sleeps and wakes it, aborts a partial rollout's requests by name (they come back with the tokens they had), and
-stops it. A server that does not come up is named with its port, its log's last lines and what to check."""
+stops it (its log removed). Start failures and a server that exits on its own: test_engine_server.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import urllib.error
 import urllib.request
 
@@ -18,47 +16,19 @@ import pytest
 
 from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
 from engine_fakes.fake_sglang import fake_completion
-from engine_fakes.fake_vllm import install_fake_vllm
-from engine_fakes.fake_vllm_server import write_importable_package
-from verlx.config.roles import RolloutServerConfig
-from verlx.rollout.engine_server import ServerStartError
+from engine_fakes.servers import calls, free_port, served_fake, server_ctx, server_log
 from verlx.rollout.vllm_engine import VLLMRolloutEngine
 from verlx.rollout.vllm_server import SERVER_ENV
 from verlx.rollout.weight_sync import WeightSyncError
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF_NAMES = [n.replace("_fsdp_wrapped_module.", "") for n, _ in trainer_weights()]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     """The stand-in in this process (the release check, EngineArgs) and importable by the server process."""
-    site = write_importable_package(str(tmp_path / "site"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([site, TESTS, os.path.dirname(TESTS),
-                                                      os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("FAKE_VLLM_VERSION", "0.26.0")
-    monkeypatch.setenv("FAKE_VLLM_DIST", str(tmp_path / "server_dist"))
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    state = install_fake_vllm("0.26.0", str(tmp_path / "dist"))
-    yield state
-    state.undo()
-
-
-def server_ctx(path, port: int, **overrides):
-    ctx = make_ctx(str(path), load_format="auto", **overrides)
-    ctx.config.server = RolloutServerConfig(enable=True, port=port, startup_timeout_s=60)
-    return ctx
-
-
-def calls(url: str) -> list[list]:
-    with urllib.request.urlopen(f"{url}/fake_calls", timeout=10) as response:
-        return json.loads(response.read())
+    with served_fake("vllm", tmp_path, monkeypatch) as state:
+        yield state
 
 
 def test_the_stream_and_the_weights_go_through_the_server(fake, tmp_path):
@@ -99,10 +69,12 @@ def test_the_stream_and_the_weights_go_through_the_server(fake, tmp_path):
                                                            not in n and "v_proj" not in n and "gate_proj" not in n
                                                            and "up_proj" not in n} | fused
         assert [c[1] for c in seen if c[0] in ("sleep", "wake_up")] == [1, ["weights"], ["kv_cache"]]
+        assert os.path.exists(server_log(tmp_path, "vllm", port))
     finally:
         engine.shutdown()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+    assert not os.path.exists(server_log(tmp_path, "vllm", port))  # verlx stopped it cleanly: no log left
 
 
 def test_a_partial_rollout_aborts_its_requests_by_name_and_keeps_their_tokens(fake, tmp_path, monkeypatch):
@@ -142,29 +114,6 @@ def test_a_push_the_model_does_not_load_raises_on_every_name(fake, tmp_path):
         engine.shutdown()
 
 
-@pytest.mark.parametrize("failure", ["start_error", "port_taken"])
-def test_a_server_that_does_not_come_up_names_its_port_log_and_what_to_check(fake, tmp_path, monkeypatch, failure):
-    port = free_port()
-    holder = socket.socket()
-    if failure == "start_error":
-        monkeypatch.setenv("FAKE_VLLM_START_ERROR", "CUDA out of memory. Tried to allocate 2.00 GiB")
-        expected_in_log = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    else:
-        holder.bind(("127.0.0.1", port))
-        holder.listen()
-        expected_in_log = "address already in use"
-    try:
-        with pytest.raises(ServerStartError) as info:
-            VLLMRolloutEngine(server_ctx(tmp_path / "model", port))
-    finally:
-        holder.close()
-    message = str(info.value)
-    assert f"the vllm server of rollout rank 0 did not come up on http://127.0.0.1:{port}: its process exited with " \
-           "code 1" in message
-    assert f"verlx_vllm_server_rank0_port{port}.log:" in message and expected_in_log in message
-    assert f"Check that port {port} is free" in message and "server.startup_timeout_s" in message
-
-
 def test_a_server_without_its_development_endpoints_is_named(fake, tmp_path, monkeypatch):
     """Without VLLM_SERVER_DEV_MODE=1 vLLM serves no /collective_rpc (nor /sleep, /abort_requests...): the start
     stops at the first call to one, saying which and why."""
@@ -175,3 +124,4 @@ def test_a_server_without_its_development_endpoints_is_named(fake, tmp_path, mon
         VLLMRolloutEngine(server_ctx(tmp_path / "model", port))
     with pytest.raises(urllib.error.URLError):  # and the server was stopped
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+    assert os.path.exists(server_log(tmp_path, "vllm", port))  # a start that raised keeps its log

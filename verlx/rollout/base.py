@@ -220,6 +220,10 @@ class RolloutEngine(abc.ABC):
         """What to tell a user who chose the engine without its package installed."""
         return f"pip install {cls.requires_package}" if cls.requires_package else ""
 
+    def shutdown(self) -> None:
+        """Stop what the engine started outside this process (an engine's HTTP server) before the worker goes;
+        nothing for an engine without such."""
+
     # ------------------------------------------------------------------ residency
     def sleep(self) -> None:
         """Release weights and KV cache (the training phase needs the memory); nothing for an engine that keeps

@@ -3,6 +3,13 @@ server as a process of its own (its output in a log file, stopped when the worke
 it answers its health check, name the port, the log's last lines and what to check when it does not, send it
 requests (control calls blocking, generation requests as coroutines on the client's own event loop), and stop it.
 
+Its log (`$TMPDIR/verlx_<engine>_server_rank<R>_port<P>.log`) is removed when verlx stops a running server cleanly
+(`shutdown()`, which a run's end reaches through Worker.close), and kept wherever it may explain something: a server
+that did not come up (ServerStartError names it), a start that raised after the server came up
+(`shutdown(keep_log=True)`), a server process that exited on its own (the request that found it gone raises
+ServerExitedError naming its exit code and log; shutdown warns with the path), a stop that raised, and a server
+stopped only by the interpreter's exit (no one called shutdown: an uncaught error may be why).
+
 `EngineServer` is that client; sglang_server.py and vllm_server.py add each engine's endpoints and its server
 process (`python -m <module> '<server arguments as JSON>'`).
 """
@@ -14,6 +21,7 @@ import atexit
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -29,10 +37,18 @@ HEALTH_POLL_S = 0.5
 #: seconds a control call (sleep, wake, weights, caches) may take
 CONTROL_TIMEOUT_S = 600.0
 LOG_TAIL_LINES = 20
+#: seconds a failed connection waits for the server process to be seen exited
+EXIT_WAIT_S = 1.0
+
+logger = logging.getLogger(__name__)
 
 
 class ServerStartError(RuntimeError):
     """An engine server did not come up: where it was to listen, what its log says and what to check."""
+
+
+class ServerExitedError(RuntimeError):
+    """A running engine server's process exited on its own: its exit code and its log (kept)."""
 
 
 def server_port(layout, configured: int | None) -> int:
@@ -69,7 +85,7 @@ class EngineServer:
     def launch(cls, server_args: dict[str, Any], env: dict[str, str], timeout_s: float, rank: int,
                **client_args) -> EngineServer:
         """Start the server process, wait until it answers its health check, and return its client; on failure the
-        process is stopped and ServerStartError names the port and the log's last lines."""
+        process is stopped, its log kept, and ServerStartError names the port, the log and its last lines."""
         host, port = server_args["host"], int(server_args["port"])
         log_path = os.path.join(tempfile.gettempdir(), f"verlx_{cls.engine}_server_rank{rank}_port{port}.log")
         with open(log_path, "w") as log:
@@ -79,7 +95,7 @@ class EngineServer:
         try:
             server.wait_healthy(timeout_s, rank)
         except BaseException:
-            server.shutdown()
+            server.shutdown(keep_log=True)
             raise
         return server
 
@@ -88,7 +104,8 @@ class EngineServer:
         #: the loop this process's generation requests to the server run on (the request stream steps it)
         self.loop = asyncio.new_event_loop()
         self._session = None
-        atexit.register(self.shutdown)
+        self._stopped = False
+        atexit.register(self._stop_at_exit)
 
     # ------------------------------------------------------------------ lifecycle
     def wait_healthy(self, timeout_s: float, rank: int) -> None:
@@ -114,18 +131,48 @@ class EngineServer:
             "has the memory actor_rollout_ref.rollout.gpu_memory_utilization asks for and the model loads (the log "
             "above), or give a slow start more time with actor_rollout_ref.rollout.server.startup_timeout_s")
 
-    def shutdown(self) -> None:
-        """Stop the server (the engine stops its own child processes with it) and this client's connections."""
+    def shutdown(self, keep_log: bool = False) -> None:
+        """Stop the server (the engine stops its own child processes with it) and this client's connections; once.
+        The log is removed only when verlx stopped a running server without error and `keep_log` is off (a start
+        that failed after the server came up passes it); a process that had exited on its own keeps its log, named
+        in a warning."""
+        if self._stopped:
+            return
         if self._session is not None and not self.loop.is_closed():
             self.loop.run_until_complete(self._session.close())
             self._session = None
-        if self.process.poll() is None:
+        exited_on_its_own = self.process.poll() is not None
+        if exited_on_its_own:
+            logger.warning("the %s server %s had exited on its own with code %s before verlx stopped it; its log "
+                           "is kept: %s", self.engine, self.url, self.process.returncode, self.log_path)
+        else:
             self.process.terminate()
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self._stopped = True
+        atexit.unregister(self._stop_at_exit)
+        if not keep_log and not exited_on_its_own:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.log_path)
+
+    def _stop_at_exit(self) -> None:
+        """The interpreter exits without anyone having stopped the server (an uncaught error may be why)."""
+        self.shutdown(keep_log=True)
+
+    def _exited_error(self, endpoint: str, exit_code: int) -> ServerExitedError:
+        return ServerExitedError(
+            f"the {self.engine} server {self.url} exited on its own with code {exit_code} (found calling /{endpoint}); "
+            f"the last lines of its log {self.log_path} (kept):\n{_tail(self.log_path)}")
+
+    def _exit_code(self) -> int | None:
+        """The server process's exit code once a connection failed, or None if it is still running."""
+        try:
+            return self.process.wait(timeout=EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return None
 
     # ------------------------------------------------------------------ HTTP
     async def _post_json(self, endpoint: str, payload: dict) -> Any:
@@ -134,11 +181,19 @@ class EngineServer:
 
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
-            body = await response.text()
-            if response.status != 200:
-                raise RuntimeError(self._refusal(endpoint, response.status, body))
-            return json.loads(body)
+        try:
+            async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
+                body = await response.text()
+        except aiohttp.ClientConnectionError:
+            deadline = time.monotonic() + EXIT_WAIT_S
+            while self.process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if self.process.returncode is not None:
+                raise self._exited_error(endpoint, self.process.returncode) from None
+            raise
+        if response.status != 200:
+            raise RuntimeError(self._refusal(endpoint, response.status, body))
+        return json.loads(body)
 
     def _call(self, endpoint: str, payload: dict | None = None, method: str = "POST") -> str:
         """A control call: the answer's body, or RuntimeError with the status and body."""
@@ -159,6 +214,11 @@ class EngineServer:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            exit_code = self._exit_code()
+            if exit_code is not None:
+                raise self._exited_error(endpoint, exit_code) from None
+            raise
 
 
 def _die_with_parent() -> None:

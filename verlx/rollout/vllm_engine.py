@@ -79,7 +79,9 @@ class VLLMRolloutEngine(ExternalEngine):
             try:
                 info = self.tp.run_on_leader(lambda: self._engine.model_info())
             except BaseException:
-                self.shutdown()  # no server is left holding the GPU and the port
+                if self._engine is not None:  # no server is left holding the GPU and the port; its log is kept
+                    self._engine.shutdown(keep_log=True)
+                    self._engine = None
                 raise
             param_names, packed = info["param_names"], info["packed_modules_mapping"]
         else:

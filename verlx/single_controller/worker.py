@@ -68,6 +68,10 @@ class Worker:
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
 
+    def close(self) -> None:
+        """Stop what this worker started outside its process (a rollout engine's server), before its group kills
+        it; nothing by default."""
+
     # ------------------------------------------------------------------ dispatch layout
     @staticmethod
     def set_dispatch_info(mesh: str, dp_rank: int, dp_size: int, is_collect: bool) -> None:

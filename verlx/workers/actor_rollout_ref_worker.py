@@ -113,6 +113,12 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         self.hf_config = load_hf_config(model_path, arr.model.trust_remote_code, arr.model.override_config)
         return model_path
 
+    def close(self) -> None:
+        """The rollout engine stops its server, if it started one (its log removed: a clean stop)."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
     def _resolve_auto_settings(self, model_path: str) -> list[str]:
         """Fill the keys left null (token budgets, dynamic batches, gradient checkpointing) from the memory estimate of
         this GPU (workers/memory_plan); returns the choices with their numbers."""

@@ -36,6 +36,10 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
             super().__init__()
             self.worker_dict = {role: cls(*args, **kwargs) for role, (cls, args, kwargs) in role_specs.items()}
 
+        def close(self) -> None:
+            for worker in self.worker_dict.values():
+                worker.close()
+
     for role, rc in class_dict.items():
         for name, spec in registered_methods(rc.cls).items():
             setattr(WorkerDict, f"{role}_{name}", _delegate(role, name, spec))

@@ -7,6 +7,7 @@ to the worker's method; calling one runs the worker method on the group's ranks 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
@@ -24,6 +25,7 @@ from verlx.single_controller.ray.stacks import dump_stacks
 
 _PEER_DEATH_GRACE_S = 5.0  # how long a failed call waits for its peers to report a death
 _POLL_S = 0.5
+_CLOSE_TIMEOUT_S = 40.0  # how long shutdown waits for the workers to close (an engine server stops within 30 s)
 
 
 class RayClassWithInitArgs:
@@ -136,6 +138,7 @@ class RayWorkerGroup:
         self._remote_prefix = f"{_role}_" if _role else ""
         if _existing is not None:  # a per-role view sharing the actors of a colocated group
             self._workers, self._identities = _existing._workers, _existing._identities
+            self._broken_calls, self._uncollected = _existing._broken_calls, _existing._uncollected
             self._dispatch_cache = _existing._dispatch_cache
             self.resource_pool = _existing.resource_pool
             self.default_timeout_s = _existing.default_timeout_s
@@ -144,6 +147,10 @@ class RayWorkerGroup:
             assert resource_pool is not None and ray_cls_with_init is not None
             self._check_methods(registered_methods(ray_cls_with_init.cls), ray_cls_with_init.cls.__name__)
             self.resource_pool = resource_pool
+            #: the calls that timed out or met a dead worker (shared with the per-role views): no close at shutdown
+            self._broken_calls: list[str] = []
+            #: the refs of calls submitted and not yet collected (shared too): a group still running one is not closed
+            self._uncollected: list[list] = []
             self._dispatch_cache: dict[str, list[tuple[int, int, bool]]] = {}
             self._identities: list = []
             self._workers = self._create_workers(resource_pool, ray_cls_with_init)
@@ -200,6 +207,9 @@ class RayWorkerGroup:
         mode = DISPATCH_MODES.get(spec.dispatch_mode)
         plan = mode.dispatch(self, method.name, spec.mesh, args, kwargs)
         refs = [getattr(self._workers[rank], remote_name).remote(*a, **kw) for rank, a, kw in plan.calls]
+        if len(self._uncollected) >= 64:  # futures never collected: forget those that are done
+            self._uncollected[:] = [call for call in self._uncollected if self._running_calls(call)]
+        self._uncollected.append(refs)
         return GroupFuture(self, method.name, plan, refs, lambda outs: mode.collect(self, plan, outs))
 
     # ------------------------------------------------------------------ views
@@ -261,6 +271,28 @@ class RayWorkerGroup:
 
     def wait(self, method: str, ranks: list[int], refs: list, timeout_s: float | None) -> list:
         """All results in order; the first failure raises at once, naming its rank."""
+        try:
+            results = self._results(method, ranks, refs, timeout_s)
+        except (PhaseTimeoutError, WorkerDiedError):
+            self._broken_calls.append(method)
+            raise
+        self._uncollected[:] = [call for call in self._uncollected if call is not refs]
+        return results
+
+    def _running(self) -> bool:
+        """Whether a call submitted to this group is still running on a worker (its wait was interrupted by a stop
+        signal, or a non-blocking call is in flight): a close would queue behind it."""
+        return self._running_calls(*self._uncollected)
+
+    @staticmethod
+    def _running_calls(*calls: list) -> bool:
+        refs = [ref for call in calls for ref in call]
+        if not refs:
+            return False
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(ready) < len(refs)
+
+    def _results(self, method: str, ranks: list[int], refs: list, timeout_s: float | None) -> list:
         results: dict[int, Any] = {}
         pending = dict(zip(refs, range(len(refs))))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -343,6 +375,14 @@ class RayWorkerGroup:
                          for node, r in parts)
 
     def shutdown(self) -> None:
+        """Each worker closes (stops what it started outside its process, e.g. an engine server: see Worker.close)
+        within _CLOSE_TIMEOUT_S, then all are killed. A group whose call timed out or met a dead worker, or that still
+        runs a call (a stop signal interrupted its wait), is killed without closing: its workers may be stuck or busy,
+        and what they started stops with them (an engine server's log kept)."""
+        if not self._broken_calls and not self._running():
+            closing = [w.close.remote() for w in self._workers]
+            with contextlib.suppress(ray.exceptions.RayError):  # a worker died, failed to close, or took too long
+                ray.get(closing, timeout=_CLOSE_TIMEOUT_S)
         for w in self._workers:
             ray.kill(w, no_restart=True)
 
