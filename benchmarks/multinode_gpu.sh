@@ -102,3 +102,6 @@ synced = sum(r.get("timing_s/weight_sync", 0.0) for r in rows)  # few syncs, mos
 print(f"| {name} | {rc} | {[r['step'] for r in rows]} | {mean('timing_s/step'):.2f} | {synced:.3f} |")
 EOF
 done
+for name in colocated colocated_resume one_step_off; do  # the script fails when a run did
+  [ "${RESULT[$name]:-1}" = 0 ] || exit 1
+done
