@@ -48,7 +48,9 @@ def ray_cpu():
         _stop_shared_ray()
         if ray.is_initialized():
             ray.shutdown()
-        ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=True)
+        # "local": a new instance, never a `ray start` cluster of this host (test_ray_cluster.py starts one, and
+        # with pytest-xdist it may be up in the other process)
+        ray.init(address="local", num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=True)
         _shared_ray["up"] = True
     yield ray
 
