@@ -5,12 +5,12 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
-import socket
 from dataclasses import dataclass
 
 import torch
 
 from verlx.single_controller.decorator import DEFAULT_MESH
+from verlx.utils.distributed import host_rendezvous
 
 # Sending this signal to a worker makes it write every thread's Python stack to its stack file.
 STACK_DUMP_SIGNAL = signal.SIGUSR2
@@ -100,10 +100,8 @@ class Worker:
         return ray.util.get_node_ip_address()
 
     def pick_master_address(self) -> tuple[str, int]:
-        """This node's IP and a free port, for rank 0 to host the torch.distributed rendezvous."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        """This node's IP and the port of the torch.distributed rendezvous rank 0 hosts from now on."""
+        port = host_rendezvous()
         addr = self.node_ip()
         self.set_master_address(addr, port)
         return addr, port

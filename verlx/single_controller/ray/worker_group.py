@@ -22,6 +22,7 @@ from verlx.single_controller.decorator import DISPATCH_MODES, DispatchPlan, Meth
 from verlx.single_controller.errors import PhaseTimeoutError, WorkerCallError, WorkerDiedError
 from verlx.single_controller.ray.resource_pool import RayResourcePool
 from verlx.single_controller.ray.stacks import dump_stacks
+from verlx.utils.distributed import HOSTED_RENDEZVOUS_ENV
 
 _PEER_DEATH_GRACE_S = 5.0  # how long a failed call waits for its peers to report a death
 _POLL_S = 0.5
@@ -188,6 +189,7 @@ class RayWorkerGroup:
             }
             if master is not None:
                 env["MASTER_ADDR"], env["MASTER_PORT"] = master[0], str(master[1])
+                env[HOSTED_RENDEZVOUS_ENV] = "1"
             actor = remote_cls.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
