@@ -73,7 +73,10 @@ def write(tmp_path, body: str) -> str:
     return str(path)
 
 
-def test_verls_gsm8k_class_is_read_as_verlxs_and_named_as_verl_names_it(tmp_path, caplog):
+def test_verls_gsm8k_class_is_read_as_verlxs_and_named_as_verl_names_it(tmp_path, caplog, monkeypatch):
+    from verlx.rollout.agent import interaction_config
+
+    monkeypatch.setattr(interaction_config, "_said", set())
     path = write(tmp_path, f"interaction:\n  - class_name: {VERL_GSM8K}\n    config: {{}}\n"
                            f"  - name: second\n    class_name: verlx.reward.gsm8k_interaction:Gsm8kInteraction\n")
     with caplog.at_level(logging.INFO, logger="verlx.rollout.agent.interaction_config"):
@@ -81,6 +84,11 @@ def test_verls_gsm8k_class_is_read_as_verlxs_and_named_as_verl_names_it(tmp_path
     assert sorted(interactions) == ["gsm8k", "second"]  # no name: the class name without "Interaction", lower case
     assert all(type(i) is Gsm8kInteraction for i in interactions.values())
     assert interactions["second"].name == "second" and interactions["second"].config == {"name": "second"}
+    said_once = [r.getMessage() for r in caplog.records if "read as verlx's" in r.getMessage()]
+    assert said_once == [f"interaction class {VERL_GSM8K} (veRL's) is read as verlx's "
+                         "verlx.reward.gsm8k_interaction:Gsm8kInteraction"]
+    load_interactions(path)
+    assert len([r for r in caplog.records if "read as verlx's" in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("body,message", [
@@ -242,3 +250,23 @@ def test_a_row_without_interaction_kwargs_fails_naming_the_sample(tok):
     with pytest.raises(ValueError, match="sample 0: extra_info has no interaction_kwargs mapping"):
         runner.generate_with(ScriptedStream({0: [[stop]]}, [stop]),
                              prompt_batch(tok, [QUESTION], extra_infos=[{"split": "train"}]), n=1)
+
+
+@pytest.mark.parametrize("template,stop", [("qwen25", "<|im_end|>"), ("llama3", "<|eot_id|>"), ("qwen3", "<|im_end|>")])
+def test_a_trajectory_ending_with_the_users_turn_matches_the_template(template, stop):
+    """The interaction's last message ends the trajectory (with the generation prompt): the template check renders
+    the conversation the same way, so such samples are trained on, not counted as mismatches."""
+    tok = build_chat_tokenizer(template)
+    stop_id = tok.convert_tokens_to_ids(stop)
+    batch, _ = run_template(tok, stop_id, ["#### 408" + stop])
+    assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "interaction_ended"
+    assert not batch.non_tensor_batch["multi_turn_template_mismatch"][0]
+    assert batch.batch["response_mask"][0].sum() == len(enc(tok, "#### 408")) + 1
+
+
+def run_template(tok, stop_id, turns):
+    backend = ScriptedStream({0: [enc(tok, t) for t in turns]}, [stop_id])
+    runner = AgentLoopRunner(rollout_config(default_agent_loop="tool_agent"), tok, [stop_id], tok.pad_token_id,
+                             tools={}, interactions={"gsm8k": Gsm8kInteraction({"name": "gsm8k"})})
+    extras = [{"interaction_kwargs": {"name": "gsm8k", "ground_truth": "408"}}]
+    return runner.generate_with(backend, prompt_batch(tok, [QUESTION], extra_infos=extras), n=1), backend
