@@ -61,6 +61,7 @@ def test_a_grpo_step_with_the_gsm8k_interaction(ray_cpu, tiny_model_dir, arithme
                         f"custom_reward_function.path={reward}"))
     row = read_metrics(tmp_path / "run")[0]
     assert row["multi_turn/stop_reason/max_user_turns"] == 1.0  # asked twice, the third answer ends the sample
+    assert row["multi_turn/user_turns/mean"] == 2.0
     assert row["actor/grad_norm"] > 0
     records = [json.loads(line) for line in calls.read_text().splitlines()]
     assert len(records) == 16
