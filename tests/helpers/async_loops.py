@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from verlx.rollout.agent.loops import AgentLoop, record_outcomes
+from verlx.rollout.agent.loops import AgentLoop, ToolAgentLoop, record_outcomes
 from verlx.rollout.agent.parsers import ParsedTurn, ToolCall
 
 QUESTION = re.compile(r"(\d+)\+(\d+)=\?")
@@ -58,4 +58,14 @@ class ThreeTokenLoop(AgentLoop):
 
     async def run(self, sample) -> None:
         await sample.generate(3)
+        sample.stop("answered")
+
+
+class ShortTurnsWithUser(ToolAgentLoop):
+    """Model turns of at most 3 tokens, each followed by the tool_agent loop's user turn (the row's interaction),
+    until the user or a limit ends the conversation."""
+
+    async def run(self, sample) -> None:
+        while await sample.generate(3) is not None and await self.user_turn(sample):
+            pass
         sample.stop("answered")

@@ -69,3 +69,29 @@ def test_multiplication_sft_targets_are_the_agent_loops_tokens(tmp_path):
     answer = tok(f"#### {a * b}", add_special_tokens=False)["input_ids"]
     assert target == call + delta + answer  # SFT trains exactly the tokens the rollout will build
     assert with_tool[0]["reward_model"]["ground_truth"] == str(a * b)
+
+
+def test_gsm8k_interaction_rows_name_the_example_files_interaction(tmp_path):
+    import asyncio
+
+    from verlx.rollout.agent.interaction_config import load_interactions
+
+    source = tmp_path / "test.jsonl"
+    source.write_text(json.dumps({"question": "Tom has 3 bags of 4 apples. How many apples?",
+                                  "answer": "3*4=<<3*4=12>>12\n#### 12"}) + "\n")
+    written = load_script("gsm8k_interaction").main(["--local_dataset_path", str(source),
+                                                     "--local_save_dir", str(tmp_path / "out")])
+    dataset = RLHFDataset(written["test"], build_tokenizer(), DataConfig(max_prompt_length=512, return_raw_chat=True))
+    nt = dataset.get_batch([0]).non_tensor_batch
+    assert nt["agent_name"][0] == "tool_agent"
+    kwargs = nt["extra_info"][0]["interaction_kwargs"]
+    assert kwargs == {"name": "gsm8k", "query": "Tom has 3 bags of 4 apples. How many apples?", "ground_truth": "12"}
+    interaction = load_interactions(os.path.join(REPO, "examples", "multi_turn", "gsm8k_interaction.yaml"))["gsm8k"]
+
+    async def reply(text):
+        instance = await interaction.start_interaction(None, **kwargs)
+        return await interaction.generate_response(instance, [{"role": "assistant", "content": text}], **kwargs)
+
+    assert asyncio.run(reply("3*4 = 12\n#### 12"))[:3] == (True, "Your response is correct!", 1.0)
+    assert asyncio.run(reply("#### 7"))[:3] == (False, "Your response is incorrect! You need to reflect on your "
+                                                "answer and try again.", 0.0)

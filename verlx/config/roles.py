@@ -115,6 +115,7 @@ class MultiTurnConfig:
     tool_response_truncate_side: str = "middle"
     tool_timeout_s: float = 30.0
     tool_config_path: str | None = None
+    interaction_config_path: str | None = None
     format: str = "hermes"
     on_template_mismatch: str = "mask"
 

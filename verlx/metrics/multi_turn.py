@@ -9,9 +9,10 @@ import numpy as np
 
 
 def multi_turn_metrics(batch) -> dict[str, float]:
-    """multi_turn/num_turns/{mean,max,min}, tool/calls/mean, tool/call_rate, tool/errors, tool/timeouts,
-    tool/malformed, tool/truncated, tool/latency_s (mean per call), multi_turn/template_mismatch,
-    multi_turn/template_rewrite, multi_turn/stop_reason/<reason> (fraction of samples)."""
+    """multi_turn/num_turns/{mean,max,min}, multi_turn/user_turns/mean, tool/calls/mean, tool/call_rate,
+    tool/errors, tool/timeouts, tool/malformed, tool/truncated, tool/latency_s (mean per call),
+    multi_turn/template_mismatch, multi_turn/template_rewrite, multi_turn/stop_reason/<reason> (fraction of
+    samples)."""
     nt = batch.non_tensor_batch
     if "multi_turn_num_turns" not in nt:
         return {}
@@ -34,6 +35,8 @@ def multi_turn_metrics(batch) -> dict[str, float]:
         "multi_turn/template_mismatch": float(column["template_mismatch"].sum()),
         "multi_turn/template_rewrite": float(column["template_rewrite"].sum()),
     }
+    if "multi_turn_user_turns" in nt:
+        metrics["multi_turn/user_turns/mean"] = float(np.asarray(nt["multi_turn_user_turns"], np.float64).mean())
     reasons = collections.Counter(str(r) for r in nt["multi_turn_stop_reason"])
     for reason, count in reasons.items():
         metrics[f"multi_turn/stop_reason/{reason}"] = count / len(calls)

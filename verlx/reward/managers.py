@@ -258,10 +258,7 @@ class NaiveRewardManager:
         reward_models = nt.get("reward_model", [None] * len(texts))
         extra_infos = nt.get("extra_info", [None] * len(texts))
         if "multi_turn_messages" in nt:  # agent-loop rollouts: the conversation with the tool results
-            extra_infos = [{**(info if isinstance(info, dict) else {}), "multi_turn": {
-                "messages": list(nt["multi_turn_messages"][i]), "num_turns": int(nt["multi_turn_num_turns"][i]),
-                "tool_calls": int(nt["multi_turn_tool_calls"][i]), "stop_reason": str(nt["multi_turn_stop_reason"][i])}}
-                for i, info in enumerate(extra_infos)]
+            extra_infos = [self._multi_turn_info(info, nt, i) for i, info in enumerate(extra_infos)]
         return [
             dict(
                 data_source=source,
@@ -271,6 +268,18 @@ class NaiveRewardManager:
             )
             for source, text, rm, info in zip(nt[self.reward_fn_key], texts, reward_models, extra_infos)
         ]
+
+    @staticmethod
+    def _multi_turn_info(info, nt: dict, i: int) -> dict:
+        """The row's extra_info with the agent loop's record of sample i: `multi_turn` (verlx's), and veRL's
+        `turn_scores` (the interaction's score of each user turn, where veRL's reward managers put them)."""
+        scores = nt.get("multi_turn_turn_scores")
+        return {**(info if isinstance(info, dict) else {}),
+                "turn_scores": [] if scores is None else list(scores[i]),
+                "multi_turn": {"messages": list(nt["multi_turn_messages"][i]),
+                               "num_turns": int(nt["multi_turn_num_turns"][i]),
+                               "tool_calls": int(nt["multi_turn_tool_calls"][i]),
+                               "stop_reason": str(nt["multi_turn_stop_reason"][i])}}
 
     def _run(self, calls: list[dict]) -> list[ScoreOutcome]:
         if self._pool is not None:

@@ -87,8 +87,8 @@ does not divide. The refusal families that block the most commands (commands blo
 - 2026-01: transformer-engine options (10; 4), veRL's own tool, agent-loop and reward-manager classes (10; 4;
   among them the retool recipe's own sandbox tool, `recipe.retool.retool.CustomSandboxFusionTool`), megatron
   CPU offload (5; 0), profiler tools other than torch (5; 5), multi-turn tools on vLLM without async (5; 0), the agent
-  loop with vision-language models (4; 3), interactions (4; 3), DeepEP options (3; 0), the vision-language
-  architecture Qwen3-VL (3; 3).
+  loop with vision-language models (4; 3), DeepEP options (3; 0), the vision-language architecture Qwen3-VL (3; 3).
+  (Interactions, (4; 3) in this count, are supported since: the three scripts they alone blocked pass.)
 - 2026-08: Ascend NPUs (14; 8), transformer-engine options (10; 5), veRL's own classes (10; 4), VeOmni (8; 8),
   expert-parallel rollout engines (7; 1), the vision-language architectures Qwen3.5 (6; 6) and Qwen3-VL (5; 5),
   on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0),
@@ -135,16 +135,17 @@ running something else:
   scripts that choose it, all but one rely on expert parallelism, routing replay, a vision-language model or
   distillation; mapping it onto verlx's FSDP2 engine would serve that one, and its kernels would silently change.
 - **Megatron-Lite**, **torchtitan** and **AutoModel** engines, **megatron SFT**: other training engines; refused.
-- **On-policy distillation** (teacher models), **interactions** (simulated users), **TransferQueue**, **fully
-  asynchronous trainers** of `verl.experimental` (verlx: `trainer.rollout_mode=async`), **MTP**, **QAT**, **FP8 /
-  quantized rollout**, **routing replay**: features verlx lacks.
+- **On-policy distillation** (teacher models), **TransferQueue**, **fully asynchronous trainers** of
+  `verl.experimental` (verlx: `trainer.rollout_mode=async`), **MTP**, **QAT**, **FP8 / quantized rollout**, **routing
+  replay**: features verlx lacks.
 - **Expert-parallel and data-parallel rollout engines** (`rollout.expert_parallel_size`, `data_parallel_size` > 1):
   verlx's engines run tensor-parallel groups only.
 - **veRL's own classes** (`verl.*`, and `recipe.*`, which build on them) named as tools, agent loops or reward
   managers: verlx cannot run them; its own equivalents are read instead where it has one: the tools `Gsm8kTool`,
   `Geo3kTool`, `SandboxFusionTool` and `SearchTool`, with veRL's config keys and answers (docs/multi_turn.md, "veRL's
-  tool classes"). `MCPSearchTool` (an MCP client) and recipes' subclasses of veRL's tools (retool's and spo's
-  `CustomSandboxFusionTool`) stay refused.
+  tool classes"), and the interaction `Gsm8kInteraction` (docs/multi_turn.md, "Interactions"). `MCPSearchTool` (an
+  MCP client), veRL's `WeatherInteraction`, recipes' interactions (collabllm's) and recipes' subclasses of veRL's
+  tools (retool's and spo's `CustomSandboxFusionTool`) stay refused.
 
 The reward model's inference-server settings (`reward_model.rollout.*`, `use_reward_loop`) are ignored with a warning:
 verlx scores a sequence-classification reward model with its own forward pass, which gives what either of veRL's

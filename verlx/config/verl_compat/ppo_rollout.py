@@ -42,7 +42,6 @@ ROWS = [
     Moved(f"{R}.n_gpus_per_node", "rollout.n_gpus_per_node", "verlx's separate rollout worker group is the "
           "top-level rollout section", current=True),
     Refused(f"{R}.multi_turn.function_tool_path", "tools given as a Python file of functions", inert=(None,)),
-    Refused(f"{R}.multi_turn.interaction_config_path", "interactions (simulated users)", inert=(None,)),
     Refused(f"{R}.multi_turn.num_repeat_rollouts", "repeated multi-turn rollouts", inert=(None,)),
     Refused(f"{R}.multi_turn.use_inference_chat_template", "the inference chat template in multi-turn training"),
     Ignored(f"{R}.multi_turn.tokenization_sanity_check_mode", "verlx always checks the re-tokenisation of "

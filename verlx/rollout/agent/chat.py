@@ -104,9 +104,12 @@ class ChatCodec:
         return self._gen_extra
 
     def check_trajectory(self, messages: list[dict], segments: list[tuple[list[int], bool]]) -> CheckResult:
-        """Align the full re-tokenisation of `messages` with the trajectory's segments (ids, is_model)."""
+        """Align the full re-tokenisation of `messages` with the trajectory's segments (ids, is_model). A trajectory
+        that ends with a delta (an interaction's last message) ends with the generation prompt, as it does."""
+        ends_with_delta = bool(segments) and not segments[-1][1]
         try:
-            reference = np.asarray(self.encode(self.render(messages, add_generation_prompt=False)), dtype=np.int64)
+            reference = np.asarray(self.encode(self.render(messages, add_generation_prompt=ends_with_delta)),
+                                   dtype=np.int64)
         except Exception as e:  # a template that cannot render the final conversation
             return CheckResult(True, False, f"the template failed to render the final conversation: {e}")
         extra = self.generation_prompt_extra()

@@ -1,6 +1,6 @@
 """Checks of the agent-loop rollout's keys (actor_rollout_ref.rollout.mode, over_sample_rate, agent.*,
-multi_turn.*), run with the config validation before Ray starts: the names resolve, the tool file loads and its
-schemas validate (what the engine must be able to do is checked with the other capabilities,
+multi_turn.*), run with the config validation before Ray starts: the names resolve, the tool and interaction files
+load and the tools' schemas validate (what the engine must be able to do is checked with the other capabilities,
 rollout/capabilities.py)."""
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ def agent_loop_findings(cfg) -> Findings:
     rate = rollout.over_sample_rate
     f.require(0 <= rate < 1, f"{ROLLOUT}.over_sample_rate={rate} must be in [0, 1): the fraction of a batch's "
               "slowest samples to cancel")
+    f.require(not rollout.multi_turn.interaction_config_path or rollout.multi_turn.enable,
+              f"{KEY}.interaction_config_path is set but {KEY}.enable=false: the interactions answer the tool_agent "
+              f"loop, which needs {KEY}.enable=true (and data.return_raw_chat=true)")
     if not rollout.uses_agent_loop:
         f.require(rate == 0, f"{ROLLOUT}.over_sample_rate={rate} cancels the slowest samples of the agent-loop "
                   f"rollout, which is off: set {ROLLOUT}.mode=async (or multi_turn.enable=true), or "
@@ -65,6 +68,11 @@ def _check_default_loop(rollout, f: Findings) -> None:
     f.require(not cls.uses_tools or rollout.multi_turn.enable,
               f"{key}={rollout.agent.default_agent_loop} calls tools, which needs {KEY}.enable=true (with "
               f"{KEY}.tool_config_path and data.return_raw_chat=true)")
+    if rollout.multi_turn.interaction_config_path and not cls.asks_interaction:
+        f.warnings.append(f"{KEY}.interaction_config_path is set, but rows without an agent_name column run "
+                          f"{key}={rollout.agent.default_agent_loop}, which never asks an interaction (veRL's "
+                          f"{rollout.agent.default_agent_loop} does not either): set {key}=tool_agent to have "
+                          "them answered by their interaction")
 
 
 def _loads(config_path: str | None, f: Findings) -> bool:
@@ -106,6 +114,13 @@ def _check_names(mt, f: Findings) -> None:
         f.problems.append(f"{KEY}.format={mt.format}: verlx does not support {missing} yet; its formats are "
                           f"{TOOL_PARSERS.names()} or 'package.module:function' of your own" if missing
                           else f"{KEY}.format: {e}")
+    if mt.interaction_config_path:
+        from verlx.rollout.agent.interaction_config import load_interactions
+
+        try:
+            load_interactions(mt.interaction_config_path)
+        except ValueError as e:
+            f.problems.append(f"{KEY}.interaction_config_path: {e}")
     if mt.tool_config_path:
         try:
             tools = load_tools(mt.tool_config_path)
@@ -123,7 +138,8 @@ def _check_names(mt, f: Findings) -> None:
 
 def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -> list[str]:
     """Problems of a loaded RLHFDataset for the agent-loop rollout, found before Ray starts: agent_name values that
-    are no agent loop (or call tools without multi_turn.enable), and prompts that do not fit
+    are no agent loop (or call tools without multi_turn.enable), rows of loops that ask an interaction whose
+    extra_info.interaction_kwargs names none of the interaction file's, and prompts that do not fit
     data.max_prompt_length once rendered with the tools' schemas (checked on the `longest` longest prompts).
     `which`: data.train_files or data.val_files."""
     rollout = cfg.actor_rollout_ref.rollout
@@ -137,7 +153,7 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
     default = rollout.agent.default_agent_loop
     names = dataset.column("agent_name")
     names = [default] * len(dataset) if names is None else [str(n) if n else default for n in names]
-    f, tool_rows = Findings(), []
+    f, tool_rows, asking_rows = Findings(), [], []
     for name in sorted(set(names)):
         try:
             cls = agent_loop_class(name, rollout.agent.agent_loop_config_path)
@@ -147,6 +163,9 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
         if cls.uses_tools and f.require(
                 mt.enable, f"{which}: column agent_name: {name} calls tools, which needs {KEY}.enable=true"):
             tool_rows += [i for i, n in enumerate(names) if n == name]
+        if cls.asks_interaction and mt.interaction_config_path:
+            asking_rows += [i for i, n in enumerate(names) if n == name]
+    f.problems += _interaction_row_problems(mt.interaction_config_path, dataset, asking_rows, which)
     raw = dataset.column("raw_prompt")
     if f.problems or not tool_rows or raw is None:
         return f.problems
@@ -160,3 +179,26 @@ def agent_data_problems(cfg, tokenizer, dataset, which: str, longest: int = 8) -
                          f"data.max_prompt_length={limit} (row {i} of the loaded data); raise data.max_prompt_length"):
             break
     return f.problems
+
+
+def _interaction_row_problems(path: str | None, dataset, rows: list[int], which: str, shown: int = 5) -> list[str]:
+    """The rows (of those whose loop asks an interaction) whose extra_info.interaction_kwargs names none of the
+    interaction file's entries: one problem naming the first row, why, and the first `shown` such rows."""
+    if not rows or not path:
+        return []
+    from verlx.rollout.agent.interaction_config import load_interactions
+    from verlx.rollout.agent.interactions import row_interaction_problem
+
+    try:
+        names = sorted(load_interactions(path))
+    except ValueError:
+        return []  # the config check reports the file
+    extra = dataset.column("extra_info")
+    if extra is None:
+        extra = [None] * len(dataset)
+    bad = [(i, why) for i in rows if (why := row_interaction_problem(extra[i], names)) is not None]
+    if not bad:
+        return []
+    first, why = bad[0]
+    return [f"{which}: row {first} of the loaded data: {why} ({KEY}={path}); {len(bad)} of the {len(rows)} rows "
+            f"the interactions answer are so (rows {[i for i, _ in bad[:shown]]}{', ...' if len(bad) > shown else ''})"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from verlx.rollout.agent.chat import ChatCodec, TemplateDeltaError
 from verlx.rollout.agent.execution import ToolExecutor, ToolOutcome
+from verlx.rollout.agent.interactions import InteractionSession
 from verlx.rollout.agent.trajectory import Trajectory
 from verlx.utils.registry import Registry
 
@@ -40,12 +41,14 @@ class AgentEnv:
 class AgentSample:
     """One sample's state and the token-level operations a loop may use."""
 
-    def __init__(self, env: AgentEnv, trajectory: Trajectory, generate, tools_kwargs: dict, extra_info: Any):
+    def __init__(self, env: AgentEnv, trajectory: Trajectory, generate, tools_kwargs: dict, extra_info: Any,
+                 interaction: InteractionSession | None = None):
         self.env = env
         self.trajectory = trajectory
         self._generate = generate  # async (context ids, max_new_tokens, turn) -> rollout.stream.Finished
         self.tools_kwargs = tools_kwargs
         self.extra_info = extra_info
+        self.interaction = interaction  # the row's simulated user (multi_turn.interaction_config_path), if any
 
     @property
     def messages(self) -> list[dict]:
@@ -92,9 +95,12 @@ class AgentSample:
 class AgentLoop:
     """Subclass and implement `run`; `env` is shared by the batch. Register with @AGENT_LOOPS.register(name) or
     write `package.module:Class` into the data's agent_name column. With `uses_tools`, the prompt is rendered
-    again from the messages with the tools' schemas (the template puts them in the system prompt)."""
+    again from the messages with the tools' schemas (the template puts them in the system prompt). With
+    `asks_interaction`, each sample is given its row's interaction (multi_turn.interaction_config_path) as
+    `sample.interaction`."""
 
     uses_tools = False
+    asks_interaction = False
 
     def __init__(self, env: AgentEnv):
         self.env = env
@@ -121,9 +127,11 @@ class SingleTurnAgentLoop(AgentLoop):
 @AGENT_LOOPS.register("tool_agent")
 class ToolAgentLoop(AgentLoop):
     """generate → parse tool calls → run them concurrently → append results → generate ..., until the model
-    answers without a call, the budget or a turn limit is reached."""
+    answers without a call, the budget or a turn limit is reached. An answer without a call goes to the row's
+    interaction when there is one (veRL's tool agent loop), else to `user_reply`."""
 
     uses_tools = True
+    asks_interaction = True
 
     async def run(self, sample: AgentSample) -> None:
         cfg, traj = self.env.config, sample.trajectory
@@ -135,7 +143,7 @@ class ToolAgentLoop(AgentLoop):
                 return sample.stop("length")
             parsed = self.env.parser(turn.text)
             if not parsed.has_calls:
-                if not await self._user_turn(sample):
+                if not await self.user_turn(sample):
                     return sample.stop("answered")
                 continue
             if cfg.max_assistant_turns is not None and traj.assistant_turns >= cfg.max_assistant_turns:
@@ -145,17 +153,40 @@ class ToolAgentLoop(AgentLoop):
             if not sample.append_messages([{"role": "tool", "content": o.text} for o in outcomes]):
                 return
 
-    async def _user_turn(self, sample: AgentSample) -> bool:
-        limit = self.env.config.max_user_turns
-        if limit is not None and sample.trajectory.user_turns >= limit:
+    async def user_turn(self, sample: AgentSample) -> bool:
+        """After a model turn without tool calls: the user's turn (the row's interaction, else `user_reply`),
+        appended; whether the conversation goes on (False: the stop reason says why, or the model answered)."""
+        cfg, traj = self.env.config, sample.trajectory
+        limit = cfg.max_user_turns
+        if limit is not None and traj.user_turns >= limit:
             if limit > 0:
                 sample.stop("max_user_turns")
             return False
+        if sample.interaction is not None:
+            return await self._interaction_turn(sample)
         reply = await self.user_reply(sample)
         if reply is None:
             return False
-        sample.trajectory.user_turns += 1
+        traj.user_turns += 1
         return sample.append_messages([{"role": "user", "content": reply}])
+
+    async def _interaction_turn(self, sample: AgentSample) -> bool:
+        """veRL's order: no question after the last allowed model turn; the interaction's message is appended
+        (masked out of the loss like tool results) even when it ends the conversation; its score is recorded."""
+        cfg, traj = self.env.config, sample.trajectory
+        if cfg.max_assistant_turns is not None and traj.assistant_turns >= cfg.max_assistant_turns:
+            sample.stop("max_assistant_turns")
+            return False
+        reply = await sample.interaction.reply(sample.messages)
+        traj.user_turns += 1
+        if reply.score is not None:
+            traj.turn_scores.append(reply.score)
+        if not sample.append_messages([{"role": "user", "content": reply.text}]):
+            return False
+        if reply.terminate:
+            sample.stop("interaction_ended")
+            return False
+        return True
 
 
 def record_outcomes(traj: Trajectory, outcomes: list[ToolOutcome]) -> None:

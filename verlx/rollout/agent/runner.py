@@ -23,6 +23,8 @@ from verlx.protocol import DataProto
 from verlx.rollout.agent.chat import ChatCodec
 from verlx.rollout.agent.driver import StreamDriver
 from verlx.rollout.agent.execution import ToolExecutor
+from verlx.rollout.agent.interaction_config import load_interactions
+from verlx.rollout.agent.interactions import InteractionSession, interaction_kwargs, row_interaction_problem
 from verlx.rollout.agent.loop_config import agent_loop_class
 from verlx.rollout.agent.loops import AgentEnv, AgentLoop, AgentSample
 from verlx.rollout.agent.oversampling import finish_first, samples_to_keep
@@ -34,8 +36,9 @@ from verlx.rollout.stream import RequestStream
 from verlx.utils.errors import VerlxError
 
 logger = logging.getLogger(__name__)
-SAMPLE_COLUMNS = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_malformed", "tool_truncated",
-                  "tool_latency_s", "template_mismatch", "template_rewrite", "stop_reason", "messages")
+SAMPLE_COLUMNS = ("num_turns", "user_turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_malformed",
+                  "tool_truncated", "tool_latency_s", "template_mismatch", "template_rewrite", "stop_reason",
+                  "turn_scores", "messages")
 
 
 class TemplateMismatchError(VerlxError, RuntimeError):
@@ -44,7 +47,7 @@ class TemplateMismatchError(VerlxError, RuntimeError):
 
 class AgentLoopRunner:
     def __init__(self, rollout_config, tokenizer, stop_token_ids: list[int], pad_token_id: int,
-                 template_kwargs: dict | None = None, tools: dict | None = None):
+                 template_kwargs: dict | None = None, tools: dict | None = None, interactions: dict | None = None):
         self.config = rollout_config
         self.mt = rollout_config.multi_turn
         self.tokenizer = tokenizer
@@ -54,6 +57,10 @@ class AgentLoopRunner:
         if tools is None:
             tools = load_tools(self.mt.tool_config_path) if self.mt.tool_config_path else {}
         self.tools = tools
+        if interactions is None:
+            path = self.mt.interaction_config_path
+            interactions = load_interactions(path) if path else {}
+        self.interactions = interactions
         self.parser = TOOL_PARSERS.get(self.mt.format)
         self.schemas = [t.schema for t in self.tools.values()]
 
@@ -146,6 +153,7 @@ class AgentLoopRunner:
         traj = Trajectory(prompt_ids, int(self.config.response_length), messages=list(messages or []))
         extra = nt["extra_info"][i] if "extra_info" in nt else None
         tools_kwargs = (extra.get("tools_kwargs") if isinstance(extra, dict) else None) or {}
+        session = self._interaction(extra, index) if loop.asks_interaction and self.interactions else None
 
         async def generate(ids, max_new, turn):
             out = await driver.generate(ids, max_new, (index, turn))
@@ -153,16 +161,30 @@ class AgentLoopRunner:
                 raise RuntimeError(f"the engine returned {len(out.token_ids)} tokens for max_new_tokens={max_new}")
             return out
 
-        return loop, AgentSample(loop.env, traj, generate, tools_kwargs, extra), name, index
+        return loop, AgentSample(loop.env, traj, generate, tools_kwargs, extra, session), name, index
+
+    def _interaction(self, extra_info, index: int) -> InteractionSession:
+        """The sample's session with the interaction its row names (the data check before Ray names bad rows)."""
+        problem = row_interaction_problem(extra_info, sorted(self.interactions))
+        if problem is not None:
+            raise ValueError(f"sample {index}: {problem} (multi_turn.interaction_config_path="
+                             f"{self.mt.interaction_config_path})")
+        kwargs = interaction_kwargs(extra_info)
+        return InteractionSession(self.interactions[kwargs["name"]], kwargs)
 
     async def _run_one(self, loop: AgentLoop, sample: AgentSample, name: str, index: int) -> Trajectory:
         traj = sample.trajectory
         try:
+            if sample.interaction is not None:
+                await sample.interaction.start()
             await loop.run(sample)
-        except Exception as e:  # a failing loop (or template) loses its sample, not the batch
+        except Exception as e:  # a failing loop (template, interaction) loses its sample, not the batch
             logger.warning("agent loop %s failed on sample %d: %s: %s", name, index, type(e).__name__, e)
             traj.mismatch_detail = f"{type(e).__name__}: {e}"
             traj.stop_reason = "error"
+        finally:
+            if sample.interaction is not None:
+                await sample.interaction.finish()
         if not traj.stop_reason:
             traj.stop_reason = "answered"
         if any(not s.is_model for s in traj.segments) and not traj.template_mismatch:
@@ -214,6 +236,7 @@ class AgentLoopRunner:
 def sample_columns(trajectories: list[Trajectory]) -> dict[str, np.ndarray]:
     values = {
         "num_turns": [t.assistant_turns for t in trajectories],
+        "user_turns": [t.user_turns for t in trajectories],
         "tool_calls": [t.tool_calls for t in trajectories],
         "tool_errors": [t.tool_errors for t in trajectories],
         "tool_timeouts": [t.tool_timeouts for t in trajectories],
@@ -225,10 +248,12 @@ def sample_columns(trajectories: list[Trajectory]) -> dict[str, np.ndarray]:
         "stop_reason": [t.stop_reason for t in trajectories],
     }
     out = {f"multi_turn_{k}": np.asarray(v, dtype=object) for k, v in values.items()}
-    messages = np.empty(len(trajectories), dtype=object)
-    for k, t in enumerate(trajectories):
-        messages[k] = t.messages
-    out["multi_turn_messages"] = messages
+    for column, per_sample in (("turn_scores", [t.turn_scores for t in trajectories]),
+                               ("messages", [t.messages for t in trajectories])):
+        lists = np.empty(len(trajectories), dtype=object)  # one list per sample (np.asarray would nest them)
+        for k, value in enumerate(per_sample):
+            lists[k] = list(value)
+        out[f"multi_turn_{column}"] = lists
     return out
 
 

@@ -26,9 +26,10 @@ class Trajectory:
     segments: list[Segment] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)  # the conversation, for tools, rewards and the check
     stop_reason: str = ""  # answered | length | max_assistant_turns | max_user_turns | context_over_budget | error
-    # | cancelled (over_sample_rate)
+    # | cancelled (over_sample_rate) | interaction_ended (the interaction's last message ends the conversation)
     assistant_turns: int = 0
     user_turns: int = 0
+    turn_scores: list[float] = field(default_factory=list)  # the interaction's score of each user turn (veRL's)
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0

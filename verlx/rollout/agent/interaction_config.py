@@ -1,0 +1,104 @@
+"""The interaction file (multi_turn.interaction_config_path), in veRL's format:
+
+    interaction:
+      - name: gsm8k                                                  # what rows name in extra_info.interaction_kwargs
+        class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction   # veRL's (read as verlx's) or yours
+        config: {}                                                   # given to the class, with `name` added
+
+Without `name`, the class's name in lower case without its "Interaction" suffix is the name (veRL's rule). Every
+error names the file and the entry (interaction[i]) before any rollout starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import yaml
+
+from verlx.rollout.agent.interactions import BaseInteraction
+from verlx.utils.errors import InputError
+from verlx.utils.paths import expand_path
+from verlx.utils.registry import import_object
+
+KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
+ENTRY_KEYS = {"name", "class_name", "config"}
+# veRL's interaction classes verlx has its own of (each said once, at info level, when a file names it)
+VERL_INTERACTIONS = {
+    "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "verlx.reward.gsm8k_interaction:Gsm8kInteraction",
+}
+logger = logging.getLogger(__name__)
+_said: set[str] = set()
+
+
+class InteractionConfigError(InputError, ValueError):
+    """The interaction file does not load; the message names the file and the entry."""
+
+
+def verlx_interaction_class(class_name: str) -> str:
+    """`class_name`, or verlx's class for veRL's."""
+    ours = VERL_INTERACTIONS.get(class_name)
+    if ours is None:
+        return class_name
+    if class_name not in _said:
+        _said.add(class_name)
+        logger.info("interaction class %s (veRL's) is read as verlx's %s", class_name, ours)
+    return ours
+
+
+def default_name(class_name: str) -> str:
+    simple = class_name.replace(":", ".").rsplit(".", 1)[-1]
+    return (simple[: -len("Interaction")] if simple.endswith("Interaction") else simple).lower()
+
+
+def _entry_interaction(entry: dict, where: str) -> BaseInteraction:
+    unknown = sorted(set(entry) - ENTRY_KEYS)
+    if unknown:
+        raise InteractionConfigError(f"{where}: unknown keys {unknown}; an entry has {sorted(ENTRY_KEYS)}")
+    class_name = entry.get("class_name")
+    if not isinstance(class_name, str) or not class_name:
+        raise InteractionConfigError(f"{where}: needs class_name (package.module.Class of a BaseInteraction)")
+    config = entry.get("config")
+    config = {} if config is None else config
+    if not isinstance(config, dict):
+        raise InteractionConfigError(f"{where}.config must be a mapping, got {config!r:.80}")
+    name = entry.get("name") or default_name(class_name)
+    if not isinstance(name, str):
+        raise InteractionConfigError(f"{where}.name must be a string, got {name!r:.80}")
+    cls = import_object(verlx_interaction_class(class_name), f"{where}.class_name")
+    if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
+        raise InteractionConfigError(f"{where}.class_name={class_name} is not a subclass of verlx's BaseInteraction "
+                                     "(verlx.rollout.agent.interactions; veRL's interface, docs/multi_turn.md)")
+    return cls({**config, "name": name})
+
+
+def load_interactions(path: str) -> dict[str, BaseInteraction]:
+    """name → interaction for every entry of the file; raises InteractionConfigError naming the file and the
+    entry."""
+    path = expand_path(path)
+    if not os.path.isfile(path):
+        raise InteractionConfigError(f"{KEY}: file {path!r} does not exist")
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise InteractionConfigError(f"{path}: not valid YAML: {e}") from None
+    entries = raw.get("interaction") if isinstance(raw, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise InteractionConfigError(f"{path}: expected a top-level 'interaction:' list with at least one entry "
+                                     "({name, class_name, config}, veRL's interaction config)")
+    interactions: dict[str, BaseInteraction] = {}
+    for i, entry in enumerate(entries):
+        where = f"{path}: interaction[{i}]"
+        if not isinstance(entry, dict):
+            raise InteractionConfigError(f"{where} must be a mapping, got {entry!r:.80}")
+        try:
+            made = _entry_interaction(entry, where)
+        except (ValueError, KeyError, TypeError) as e:
+            if isinstance(e, InteractionConfigError):
+                raise
+            raise InteractionConfigError(f"{where}: {e}") from None
+        if made.name in interactions:
+            raise InteractionConfigError(f"{where}: a second interaction named {made.name!r}; names must be unique")
+        interactions[made.name] = made
+    return interactions
