@@ -93,6 +93,19 @@ def test_round_trip_has_zero_mismatches(template):
     assert enc(tok, full)[: len(prompt) + len(want_ids)] == prompt + want_ids
 
 
+@pytest.mark.parametrize("max_user_turns, calls, stop, user_turns", [
+    (1, 1, "max_user_turns", 1),  # the first tool results were the one user turn: the second call is not run
+    (2, 2, "answered", 2),
+    (0, 2, "answered", 2),  # veRL: 0 is no limit
+])
+def test_tool_results_count_as_user_turns_as_in_verl(max_user_turns, calls, stop, user_turns):
+    fmt, turns, _ = CASES["qwen25"]
+    _, _, batch = run("qwen25", turns, format=fmt, max_user_turns=max_user_turns)
+    nt = batch.non_tensor_batch
+    assert (nt["multi_turn_tool_calls"][0], nt["multi_turn_stop_reason"][0]) == (calls, stop)
+    assert nt["multi_turn_user_turns"][0] == user_turns
+
+
 def test_qwen3_dropped_thinking_is_a_rewrite_not_a_mismatch():
     turns = ["<think>\nsmall\n</think>\n\n413<|im_end|>", "<think>\ndouble it\n</think>\n\n826<|im_end|>"]
     tok, backend, batch = run("qwen3", turns, agent="test_one_follow_up", max_user_turns=1)

@@ -227,11 +227,12 @@ def test_max_user_turns_and_max_assistant_turns_bound_the_user(tok):
     batch, _ = run(tok, [wrong], ["408"], max_assistant_turns=2)
     assert_response(tok, batch, 0, [(wrong[0], True), (user_delta(INCORRECT), False), (wrong[1], True)])
     assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "max_assistant_turns"
-    # max_user_turns=0: no user at all, the model's answer ends the sample
-    batch, _ = run(tok, [wrong], ["408"], max_user_turns=0)
-    assert_response(tok, batch, 0, [(wrong[0], True)])
-    assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "answered"
-    assert list(batch.non_tensor_batch["multi_turn_turn_scores"][0]) == []
+    # max_user_turns=0 is veRL's "no limit": the user is asked after every answer, as with null
+    batch, _ = run(tok, [wrong], ["408"], max_user_turns=0, max_assistant_turns=3)
+    assert_response(tok, batch, 0, [(wrong[0], True), (user_delta(INCORRECT), False), (wrong[1], True),
+                                    (user_delta(INCORRECT), False), (wrong[2], True)])
+    assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "max_assistant_turns"
+    assert list(batch.non_tensor_batch["multi_turn_turn_scores"][0]) == [0.0, 0.0]
 
 
 def test_a_user_turn_over_the_budget_ends_the_sample_at_the_turn_boundary(tok):

@@ -148,8 +148,11 @@ class ToolAgentLoop(AgentLoop):
                 continue
             if cfg.max_assistant_turns is not None and traj.assistant_turns >= cfg.max_assistant_turns:
                 return sample.stop("max_assistant_turns")
+            if user_turns_spent(cfg, traj):
+                return sample.stop("max_user_turns")
             outcomes = await self.env.executor.run(parsed, sample.tools_kwargs)
             record_outcomes(traj, outcomes)
+            traj.user_turns += 1  # veRL counts the tool results' turn as a user turn
             if not sample.append_messages([{"role": "tool", "content": o.text} for o in outcomes]):
                 return
 
@@ -157,15 +160,17 @@ class ToolAgentLoop(AgentLoop):
         """After a model turn without tool calls: the user's turn (the row's interaction, else `user_reply`),
         appended; whether the conversation goes on (False: the stop reason says why, or the model answered)."""
         cfg, traj = self.env.config, sample.trajectory
-        limit = cfg.max_user_turns
-        if limit is not None and traj.user_turns >= limit:
-            if limit > 0:
-                sample.stop("max_user_turns")
-            return False
+        spent = user_turns_spent(cfg, traj)
         if sample.interaction is not None:
+            if spent:  # veRL does not ask the interaction then
+                sample.stop("max_user_turns")
+                return False
             return await self._interaction_turn(sample)
         reply = await self.user_reply(sample)
         if reply is None:
+            return False
+        if spent:  # a user with more to say, stopped by the limit
+            sample.stop("max_user_turns")
             return False
         traj.user_turns += 1
         return sample.append_messages([{"role": "user", "content": reply}])
@@ -187,6 +192,12 @@ class ToolAgentLoop(AgentLoop):
             sample.stop("interaction_ended")
             return False
         return True
+
+
+def user_turns_spent(cfg, traj: Trajectory) -> bool:
+    """veRL's rule: multi_turn.max_user_turns bounds the user turns, tool results' and simulated users' together;
+    null or 0 is no limit."""
+    return bool(cfg.max_user_turns) and traj.user_turns >= cfg.max_user_turns
 
 
 def record_outcomes(traj: Trajectory, outcomes: list[ToolOutcome]) -> None:
