@@ -75,7 +75,7 @@ types and preflights each trainer command line it launches, `verl.` read as `ver
 
 | set | veRL commit | recipe commit | pass preflight | refused: a missing feature | by veRL too | otherwise | crashed |
 |---|---|---|---|---|---|---|---|
-| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 127 / 201 | 54 | 4 | 16 | 0 |
+| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 130 / 201 | 51 | 4 | 16 | 0 |
 | 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 75 / 191 | 92 | 2 | 22 | 0 |
 
 "Refused otherwise": at least one problem is worded other than "does not support": transformer-engine and DeepEP
@@ -88,7 +88,7 @@ does not divide. The refusal families that block the most commands (commands blo
   among them the retool recipe's own sandbox tool, `recipe.retool.retool.CustomSandboxFusionTool`), megatron
   CPU offload (5; 0), profiler tools other than torch (5; 5), multi-turn tools on vLLM without async (5; 0), the agent
   loop with vision-language models (4; 3), DeepEP options (3; 0), the vision-language architecture Qwen3-VL (3; 3).
-  (Interactions, (4; 3) in this count, are supported since: the three scripts they alone blocked pass.)
+  Interactions (simulated users), which blocked 4 scripts (3 alone), are supported now: those 3 pass.
 - 2026-08: Ascend NPUs (14; 8), transformer-engine options (10; 5), veRL's own classes (10; 4), VeOmni (8; 8),
   expert-parallel rollout engines (7; 1), the vision-language architectures Qwen3.5 (6; 6) and Qwen3-VL (5; 5),
   on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0),
