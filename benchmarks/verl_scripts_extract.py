@@ -36,7 +36,10 @@ SHIMMED = ("python", "python3", "python3.10", "python3.11", "python3.12", "uv", 
            "huggingface-cli", "hf", "nvidia-smi", "npu-smi", "pip", "pip3", "wget", "curl", "git", "sudo", "docker",
            "srun", "sbatch", "scontrol", "ssh", "scp", "sleep", "modelscope", "wandb", "mlflow", "tensorboard",
            "apt", "apt-get", "conda", "deepspeed", "accelerate", "vllm", "sglang", "nohup", "pkill", "kill",
-           "aws", "hdfs", "hadoop", "ossutil", "tmux", "screen")
+           "aws", "hdfs", "hadoop", "ossutil", "tmux", "screen",
+           # what would touch this machine outside the scripts' work directory (a 2026-08 recipe runs
+           # `rm -rf /tmp/ray/*`, which took a running Ray's session with it)
+           "rm", "killall")
 ENTRY = re.compile(r"^(verl\.trainer\.[\w.]+|verl\.experimental\.[\w.]+|recipe\.[\w.]+|verl\.recipe\.[\w.]+)$")
 # Positional arguments for scripts that print a usage without them: devices per node, a save path.
 POSITIONAL = ["8", "/tmp/verl_ckpt"]

@@ -42,6 +42,10 @@ def write_checkout(root) -> None:
 
 def test_benchmark_counts_a_checkouts_launches_and_names_the_refusal_family(tmp_path):
     write_checkout(tmp_path / "verl")
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "session.log").write_text("a running Ray's session\n")
+    with open(tmp_path / "verl" / "examples/data_preprocess/prepare.sh", "a") as f:
+        f.write(f"rm -rf {tmp_path}/keep/*\n")  # as a 2026-08 recipe does to /tmp/ray/*: recorded, not run
     before = sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs)
     proc = subprocess.run([sys.executable, "benchmarks/verl_scripts.py", "--verl-checkout", str(tmp_path / "verl"),
                            "--label", "synthetic"], cwd=REPO, capture_output=True, text=True, timeout=300,
