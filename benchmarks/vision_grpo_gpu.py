@@ -33,10 +33,14 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 SHAPES = {
     "tiny": ({}, {}),
     "2b": (dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                num_attention_heads=12, num_key_value_heads=2,
+                num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
                 rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1e6}),
            dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4)),
 }
+# The update's first forward against old_log_prob: on the GPU the FSDP parity table's bf16 bound on one token's
+# log-prob (parity_2gpu.TOLERANCE["gpu"]["logprob_max_abs"]; one bf16 step of a logit near 10 is 0.0625: 0.0675
+# was measured at the 2B shape on 2026-11-26 with ppo_kl 1.3e-5); the tiny shape runs in fp32 on the CPU.
+ON_POLICY_TOLERANCE = {"tiny": 1e-2, "2b": 0.15}
 IMAGE_SIZES = [(224, 224), (336, 224), (224, 448), (448, 448)]
 SHOWN = ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
          "response_length/mean", "rollout/logprob_diff_max", "actor/on_policy_log_prob_diff_max", "actor/grad_norm",
@@ -84,7 +88,7 @@ def overrides(args, model_dir: str, data_dir: str, out_dir: str, reward: str) ->
         f"actor_rollout_ref.rollout.n={args.n}", f"trainer.n_gpus_per_node={args.gpus}",
         f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false",
         "trainer.logger=[console,file]", f"trainer.output_dir={out_dir}", f"trainer.default_local_dir={out_dir}/ckpt",
-        "trainer.progress_bar=false", "trainer.on_policy_tolerance=1e-2", f"custom_reward_function.path={reward}",
+        "trainer.progress_bar=false", f"trainer.on_policy_tolerance={ON_POLICY_TOLERANCE[args.shape]}", f"custom_reward_function.path={reward}",
         *(["trainer.device=cpu", "reward.num_workers=0"] if args.smoke else []), *args.extra,
     ]
 

@@ -49,3 +49,58 @@ def test_the_alternatives_come_from_the_engines_declarations():
     assert alternatives("supports_tensor_parallel") == f"{R}.name=sglang or {R}.name=vllm"
     assert alternatives("supports_partial_rollout") == f"{R}.name=native or {R}.name=sglang or {R}.name=vllm"
     assert alternatives("supports_server") == f"{R}.name=sglang or {R}.name=vllm"
+
+
+def _model_dir(tmp_path, vision: bool = False, **text) -> str:
+    from transformers import Qwen2Config, Qwen2VLConfig
+
+    text = {"max_position_embeddings": 1024, **text}
+    config = Qwen2VLConfig(text_config=text) if vision else Qwen2Config(**text)
+    config.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def context_problems(model: str, *overrides, name: str | None = None) -> list[str]:
+    from verlx.rollout.capabilities import context_length_problems
+
+    cfg = build(PPOConfig, to_container(load_yaml(overrides=[f"actor_rollout_ref.model.path={model}", *overrides])))
+    return context_length_problems(cfg, name)
+
+
+@pytest.mark.parametrize("vision", [False, True])
+def test_a_context_beyond_the_models_positions_is_refused_for_vllm_before_ray(tmp_path, vision):
+    model = _model_dir(tmp_path, vision=vision)  # a vision-language config keeps the limit in text_config
+    assert context_problems(model, f"{R}.name=vllm", "data.max_prompt_length=1024",
+                            "data.max_response_length=128") == [
+        "data.max_prompt_length + data.max_response_length = 1024 + 128 = 1152 tokens exceeds the model's "
+        f"max_position_embeddings=1024 in {model}/config.json, and {R}.name=vllm refuses a longer context: shorten "
+        "the prompts or responses, use a model (or a rope_scaling) made for longer sequences, or set "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if positions beyond 1024 are what you want"]
+
+
+def test_sglang_counts_the_two_tokens_its_context_needs_beyond_the_longest_sequence(tmp_path):
+    model = _model_dir(tmp_path)
+    fits = [f"{R}.name=sglang", "data.max_prompt_length=1000", "data.max_response_length=22"]
+    assert context_problems(model, *fits) == []
+    (problem,) = context_problems(model, f"{R}.name=sglang", "data.max_prompt_length=1000",
+                                  "data.max_response_length=24")
+    assert problem.startswith("data.max_prompt_length + data.max_response_length = 1000 + 24 = 1024 tokens (+ 2 "
+                              "tokens sglang needs beyond the longest sequence) exceeds the model's "
+                              "max_position_embeddings=1024")
+    assert problem.endswith("set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 if positions beyond 1024 are what you "
+                            "want")
+    (problem,) = context_problems(model, f"{R}.max_model_len=2048", name="sglang")  # `auto` resolved to sglang
+    assert problem.startswith(f"{R}.max_model_len=2048 (+ 2 tokens")
+
+
+def test_engines_without_a_context_limit_rope_scaling_and_the_engines_own_override_pass(tmp_path, monkeypatch):
+    long = ["data.max_prompt_length=1024", "data.max_response_length=128"]
+    model = _model_dir(tmp_path / "plain")
+    for engine in ("native", "hf", "auto"):
+        assert context_problems(model, f"{R}.name={engine}", *long) == []
+    scaled = _model_dir(tmp_path / "yarn", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                                             "original_max_position_embeddings": 1024})
+    assert context_problems(scaled, f"{R}.name=vllm", *long) == []
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert context_problems(model, f"{R}.name=vllm", *long) == []
+    assert context_problems(str(tmp_path / "missing"), f"{R}.name=sglang", *long) == []  # a hub id: checked later

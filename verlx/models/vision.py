@@ -9,14 +9,13 @@ which is also the order of their image tokens in the batch, padded or packed.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from verlx.models.checkpoint_config import read_checkpoint_config
 from verlx.models.mrope import MROPE_AXES, image_token_counts
 
 #: model_type of the vision-language architectures verlx trains (their M-RoPE and image tokens are Qwen2-VL's)
@@ -50,13 +49,8 @@ def vision_language_model(hf_config, key: str = "actor_rollout_ref.model.path") 
 def checkpoint_model_type(path: str | None) -> str | None:
     """The model_type of a vision-language checkpoint directory (its config.json has a vision_config), None for a
     text model or a directory whose config cannot be read (the path checks report that). Reads the file only."""
-    config_file = os.path.join(os.path.expanduser(os.path.expandvars(path or "")), "config.json")
-    try:
-        with open(config_file) as f:
-            raw = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return str(raw.get("model_type", "?")) if isinstance(raw, dict) and raw.get("vision_config") else None
+    raw = read_checkpoint_config(path)
+    return str(raw.get("model_type", "?")) if raw and raw.get("vision_config") else None
 
 
 def prompt_image_mask(input_ids: torch.Tensor, response_length: int, spec: VisionLanguageModel) -> torch.Tensor:

@@ -193,6 +193,11 @@ class RolloutEngine(abc.ABC):
     supports_image_input: ClassVar[bool] = False
     #: takes image inputs in server mode too (rollout.server.enable): its server's generate request carries images
     supports_server_image_input: ClassVar[bool] = False
+    #: refuses to start with a context longer than the model's max_position_embeddings unless this environment
+    #: variable is set (None: positions beyond it are generated as RoPE gives them)
+    context_limit_override_env: ClassVar[str | None] = None
+    #: tokens the engine's context needs beyond the longest sequence (prompt + response)
+    context_length_margin: ClassVar[int] = 0
 
     def __init__(self, ctx: RolloutContext):
         self.ctx = ctx

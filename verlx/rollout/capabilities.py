@@ -4,6 +4,9 @@ key that needs it."""
 
 from __future__ import annotations
 
+import os
+
+from verlx.models.checkpoint_config import position_limit, read_checkpoint_config
 from verlx.models.vision import checkpoint_model_type
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -54,6 +57,32 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
                             f"order, which requests that depend on timing (tool calls, interruptions) break; {server}"
                             "or use " + " or ".join(f"{ROLLOUT}.name={n}" for n in independent))
     return problems
+
+
+def context_length_problems(cfg, name: str | None = None) -> list[str]:
+    """vLLM and SGLang refuse a context longer than the model's max_position_embeddings, on every rank and after
+    minutes of loading; the same arithmetic from config.json, before Ray."""
+    rollout = cfg.actor_rollout_ref.rollout
+    name = name or rollout.name
+    engine = engine_class_or_none(name)
+    override = engine.context_limit_override_env if engine is not None else None
+    if override is None or os.environ.get(override):
+        return []
+    path = cfg.actor_rollout_ref.model.path
+    raw = read_checkpoint_config(path)
+    limit = position_limit(raw) if raw is not None else None
+    longest = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    if limit is None or longest + engine.context_length_margin <= limit:
+        return []
+    asked = (f"{ROLLOUT}.max_model_len={rollout.max_model_len}" if rollout.max_model_len else
+             f"data.max_prompt_length + data.max_response_length = {rollout.prompt_length} + "
+             f"{rollout.response_length} = {longest} tokens")
+    margin = (f" (+ {engine.context_length_margin} tokens {name} needs beyond the longest sequence)"
+              if engine.context_length_margin else "")
+    return [f"{asked}{margin} exceeds the model's max_position_embeddings={limit} in {path}/config.json, and "
+            f"{ROLLOUT}.name={name} refuses a longer context: shorten the prompts or responses, use a model (or a "
+            f"rope_scaling) made for longer sequences, or set {override}=1 if positions beyond {limit} are what you "
+            "want"]
 
 
 def _server_problems(cfg, tp: int) -> list[str]:

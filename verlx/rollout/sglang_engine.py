@@ -28,6 +28,7 @@ from verlx.rollout.image_requests import image_prompt, sglang_image_data
 from verlx.rollout.kernel_backends import inventory as kernel_inventory
 from verlx.rollout.residency import WEIGHTS
 from verlx.rollout.sglang_adapter import (
+    SGLANG_CONTEXT_MARGIN,
     SGLangFeatures,
     build_server_args,
     graph_memory_env,
@@ -93,6 +94,8 @@ class SGLangRolloutEngine(ExternalEngine):
     supports_server = True  # rollout.server.enable: SGLang's HTTP server per replica (sglang_server.py)
     supports_image_input = True  # Qwen2-VL / Qwen2.5-VL: image_data beside input_ids (rollout/image_requests.py)
     supports_server_image_input = True  # the server's /generate takes the same image_data, base64-encoded
+    context_limit_override_env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+    context_length_margin = SGLANG_CONTEXT_MARGIN
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)

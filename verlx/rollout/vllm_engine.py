@@ -64,6 +64,7 @@ class VLLMRolloutEngine(ExternalEngine):
     #: Qwen2-VL / Qwen2.5-VL in-process: multi_modal_data beside the prompt ids (rollout/image_requests.py); not in
     #: server mode, where verlx's /inference/v1/generate requests carry token ids only
     supports_image_input = True
+    context_limit_override_env = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)

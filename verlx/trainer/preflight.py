@@ -6,7 +6,6 @@ in the trainer, not in config/, because they consult the registries, models and 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from types import SimpleNamespace
@@ -17,6 +16,7 @@ from verlx.config.ranges import PPO_RANGES, range_problems
 from verlx.config.roles import ROLLOUT_DTYPES
 from verlx.config.run import RESUME_MODES
 from verlx.config.schema import PPOConfig
+from verlx.models.checkpoint_config import read_checkpoint_config
 from verlx.models.weight_files import model_dir_problems
 from verlx.trainer.learning_checks import check_learning
 from verlx.utils.batch_sizes import (
@@ -270,17 +270,8 @@ def check_run_length(cfg: PPOConfig, f: Findings) -> None:
 
 def _model_head_counts(path: str | None) -> SimpleNamespace | None:
     """num_attention_heads / num_key_value_heads from the model's config.json, when it exists and has them."""
-    if path is None:
-        return None
-    config_file = os.path.join(expand_path(path), "config.json")
-    if not os.path.isfile(config_file):
-        return None
-    try:
-        with open(config_file) as fh:
-            raw = json.load(fh)
-    except (OSError, ValueError):
-        return None  # check_paths / the model loader report unreadable configs
-    if not isinstance(raw.get("num_attention_heads"), int):
+    raw = read_checkpoint_config(path)
+    if raw is None or not isinstance(raw.get("num_attention_heads"), int):
         return None
     return SimpleNamespace(num_attention_heads=raw["num_attention_heads"],
                            num_key_value_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"])
@@ -427,7 +418,7 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         f.warnings += megatron.warnings
     if not f.problems:
         from verlx.rollout.agent.config_checks import agent_loop_findings
-        from verlx.rollout.capabilities import capability_problems
+        from verlx.rollout.capabilities import capability_problems, context_length_problems
         from verlx.trainer.rollout_modes.config_checks import rollout_mode_problems
 
         agent = agent_loop_findings(cfg)
@@ -435,6 +426,7 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         f.warnings += agent.warnings
         f.problems += rollout_mode_problems(cfg)
         f.problems += capability_problems(cfg)
+        f.problems += context_length_problems(cfg)
     if not f.problems:
         check_verl_features(cfg, f, world_size or world_size_of(cfg), check_files)
     if not f.problems:
