@@ -79,7 +79,7 @@ def build_actor(args, micro: str):
     shape = dict(SHAPES[args.shape], vocab_size=args.vocab)
     torch.manual_seed(0)
     with device:
-        hf = Qwen2ForCausalLM(Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True))
+        hf = Qwen2ForCausalLM(Qwen2Config(**shape, max_position_embeddings=32768, tie_word_embeddings=True))
     cfg = ActorConfig(ppo_mini_batch_size=1, use_dynamic_bsz=micro == "budget",  # the size comes with each call
                       ppo_max_token_len_per_gpu=args.budget, use_kl_loss=True, kl_loss_type="low_var_kl")
     cfg.optim.lr = 1e-6

@@ -67,7 +67,7 @@ def build_checkpoint(path: str, shape: str) -> None:
 
     tokenizer = build_tokenizer(model_max_length=4096)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=True,
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, tie_word_embeddings=True,
                          rope_theta=1000000.0, rms_norm_eps=1e-6, eos_token_id=im_end,
                          pad_token_id=tokenizer.pad_token_id, dtype="bfloat16")
     torch.manual_seed(0)

@@ -62,7 +62,7 @@ RUNS = ("1gpu", "fsdp2", "sp2")
 def write_checkpoint(path: str, kind: str) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**SHAPES[kind], max_position_embeddings=4096, tie_word_embeddings=True,
+    config = Qwen2Config(**SHAPES[kind], max_position_embeddings=32768, tie_word_embeddings=True,
                          rope_theta=1000000.0, rms_norm_eps=1e-6, dtype="bfloat16")
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)

@@ -43,7 +43,7 @@ def build_reward_model(out_dir: str, shape: str) -> None:
 
     tokenizer = build_tokenizer(model_max_length=4096)
     tokenizer.chat_template = PLAIN_TEMPLATE
-    config = Qwen2Config(**grpo_step_gpu.SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=False,
+    config = Qwen2Config(**grpo_step_gpu.SHAPES[shape], max_position_embeddings=32768, tie_word_embeddings=False,
                          rope_theta=1000000.0, pad_token_id=tokenizer.pad_token_id, num_labels=1, dtype="bfloat16")
     torch.manual_seed(1)
     model = Qwen2ForSequenceClassification(config)

@@ -52,7 +52,7 @@ def build_checkpoint(path: str, shape: str, device: str) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**SHAPES[shape], vocab_size=151936, max_position_embeddings=4096, rope_theta=1000000.0,
+    config = Qwen2Config(**SHAPES[shape], vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
                          eos_token_id=151645, pad_token_id=151643, dtype="bfloat16")
     torch.manual_seed(0)
     default_dtype = torch.get_default_dtype()

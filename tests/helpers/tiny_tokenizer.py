@@ -46,7 +46,7 @@ def save_tiny_qwen2(path, hidden_size: int = 64, intermediate_size: int = 128, n
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
                       num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=im_end,
+                      max_position_embeddings=32768, tie_word_embeddings=True, eos_token_id=im_end,
                       pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(path)
@@ -68,7 +68,7 @@ def save_tiny_reward_model(path, chat_template: str = PLAIN_TEMPLATE, seed: int 
     tok = build_tiny_tokenizer()
     tok.chat_template = chat_template
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
                       tie_word_embeddings=False, pad_token_id=tok.pad_token_id, num_labels=1)
     torch.manual_seed(seed)
     model = Qwen2ForSequenceClassification(cfg)

@@ -48,11 +48,13 @@ def save_tiny_qwen2_vl(path, seed: int = 0, tie_word_embeddings: bool = False, t
     ids = tok.convert_tokens_to_ids
     im_end = ids("<|im_end|>")
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=None, eos_token_id=im_end,
+                num_key_value_heads=2, max_position_embeddings=32768, bos_token_id=None, eos_token_id=im_end,
                 pad_token_id=tok.pad_token_id,
                 rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
+    # in_chans: the hub's Qwen2-VL configs carry it beside transformers 5's in_channels, and SGLang 0.5.17's vision
+    # tower reads it (without it its scheduler died on the 2B GPU run of 2026-11-26)
     vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=PATCH,
-                  spatial_merge_size=MERGE, temporal_patch_size=2)
+                  spatial_merge_size=MERGE, temporal_patch_size=2, in_chans=3)
     text.update(text_shape or {})
     vision.update(vision_shape or {})
     config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),

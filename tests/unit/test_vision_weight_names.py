@@ -22,7 +22,7 @@ from verlx.rollout.sglang_engine import SGLangRolloutEngine
 from verlx.rollout.vllm_adapter import unloaded_names, vision_language_param_name
 from verlx.rollout.weight_sync import iter_engine_weights
 
-#: vLLM's packed_modules_mapping of Qwen2-VL
+#: vLLM's packed_modules_mapping of Qwen2 (0.26's Qwen2-VL class declares none itself: its language_model does)
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
 
@@ -93,6 +93,28 @@ def test_a_vllm_push_is_checked_against_the_names_vllm_loaded(tiny):
                           vision_language_param_name) == [f"model.layers.0.self_attn.{p}_proj.bias" for p in "kqv"]
     # without the mapping, every text-model parameter (vLLM holds them under language_model) seems unloaded
     assert unloaded_names(sent, loaded, PACKED) == [n for n in sent if not n.startswith("visual.")]
+
+
+def test_the_fused_parameters_are_found_on_vllms_text_model_inside_the_vision_language_class(tiny):
+    """vLLM 0.26's Qwen2VLForConditionalGeneration has no packed_modules_mapping; its `language_model` (a
+    Qwen2ForCausalLM) has. Read from the top level only, every q/k/v and gate/up shard of the first GPU push looked
+    unloaded ("vllm rejected the weight update of [model.layers.0.self_attn.q_proj.weight, ...]", 2026-11-26)."""
+    from verlx.rollout.vllm_weight_receiver import packed_modules_mapping_of
+
+    class TextModel(torch.nn.Module):
+        packed_modules_mapping = PACKED
+
+    vision_language = torch.nn.Module()
+    vision_language.visual = torch.nn.Linear(2, 2)
+    vision_language.language_model = TextModel()
+    packed = packed_modules_mapping_of(vision_language)
+    assert packed == PACKED
+    _, _, stored = tiny
+    loaded = {".".join({"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+                        "up_proj": "gate_up_proj"}.get(p, p) for p in vision_language_param_name(n).split("."))
+              for n in stored}
+    assert unloaded_names(sorted(stored), loaded, packed, vision_language_param_name) == []
+    assert packed_modules_mapping_of(TextModel()) == PACKED and packed_modules_mapping_of(torch.nn.Linear(2, 2)) == {}
 
 
 def test_sglang_gets_the_checkpoint_names_and_the_push_is_complete(tiny, fake_sglang):

@@ -46,6 +46,7 @@ from verlx.rollout.vllm_adapter import (
     vision_language_param_name,
     vllm_sampling_kwargs,
 )
+from verlx.rollout.vllm_weight_receiver import packed_modules_mapping_of
 from verlx.rollout.weight_sync import WeightSyncError, bucket_bytes_of, engine_dtype, iter_buckets, iter_engine_weights
 from verlx.utils.environ import scoped_environ
 from verlx.utils.memory import ALLOC_CONF_ENV, alloc_conf_without_expandable_segments, set_expandable_segments
@@ -91,7 +92,7 @@ class VLLMRolloutEngine(ExternalEngine):
             self._engine = self._launch()
             model = self._model()
             param_names = [name for name, _ in model.named_parameters()]
-            packed = getattr(model, "packed_modules_mapping", None) or {}
+            packed = packed_modules_mapping_of(model)
         self._param_names = frozenset(param_names)
         self._packed = dict(packed)
         #: the vLLM parameter a pushed name loads into (its model class renames a vision-language checkpoint's)

@@ -86,6 +86,16 @@ class VLLMWeightReceiver:
         """The model's parameter names and packed_modules_mapping (the fused q/k/v and gate/up), which the trainer
         needs to check a push."""
         model = self._verlx_model()
-        packed = getattr(model, "packed_modules_mapping", None) or {}
         return {"param_names": [name for name, _ in model.named_parameters()],
-                "packed_modules_mapping": {k: list(v) for k, v in dict(packed).items()}}
+                "packed_modules_mapping": packed_modules_mapping_of(model)}
+
+
+def packed_modules_mapping_of(model: torch.nn.Module) -> dict[str, list[str]]:
+    """The fused parameters (qkv_proj ← q/k/v_proj, gate_up_proj ← gate/up_proj) of the model and every module in
+    it: vLLM's multimodal classes declare them on their text model only (0.26's Qwen2-VL: `language_model`), so
+    the top-level attribute alone missed them and every fused shard of a push looked unloaded."""
+    packed: dict[str, list[str]] = {}
+    for module in model.modules():
+        for fused, shards in dict(getattr(module, "packed_modules_mapping", None) or {}).items():
+            packed.setdefault(fused, list(shards))
+    return packed
