@@ -61,10 +61,10 @@ def _model_dir(tmp_path, vision: bool = False, **text) -> str:
 
 
 def context_problems(model: str, *overrides, name: str | None = None) -> list[str]:
-    from verlx.rollout.capabilities import context_length_problems
+    from verlx.rollout.capabilities import model_config_problems
 
     cfg = build(PPOConfig, to_container(load_yaml(overrides=[f"actor_rollout_ref.model.path={model}", *overrides])))
-    return context_length_problems(cfg, name)
+    return model_config_problems(cfg, name)
 
 
 @pytest.mark.parametrize("vision", [False, True])
@@ -104,3 +104,19 @@ def test_engines_without_a_context_limit_rope_scaling_and_the_engines_own_overri
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     assert context_problems(model, f"{R}.name=vllm", *long) == []
     assert context_problems(str(tmp_path / "missing"), f"{R}.name=sglang", *long) == []  # a hub id: checked later
+
+
+def test_sglang_refuses_a_qwen2_vl_config_without_in_chans_before_ray(tmp_path):
+    """SGLang 0.5.17's Qwen2-VL reads vision_config.in_chans; transformers 5 writes in_channels only (the 2B GPU run
+    of 2026-11-26 died in SGLang's scheduler on it)."""
+    fresh = _model_dir(tmp_path / "fresh", vision=True, max_position_embeddings=32768)  # transformers 5: no in_chans
+    assert context_problems(fresh, f"{R}.name=sglang") == [
+        f"actor_rollout_ref.model.path: {fresh}/config.json has no \"in_chans\" in its vision_config, which SGLang's "
+        "Qwen2-VL reads: add \"in_chans\": 3 beside \"in_channels\" (the hub's Qwen2-VL configs have both); "
+        f"{R}.name=sglang cannot load it otherwise"]
+    assert context_problems(fresh, f"{R}.name=vllm") == []
+    from transformers import Qwen2VLConfig
+
+    Qwen2VLConfig(text_config={"max_position_embeddings": 32768}, vision_config={"in_chans": 3}).save_pretrained(
+        tmp_path / "hub")
+    assert context_problems(str(tmp_path / "hub"), f"{R}.name=sglang") == []

@@ -199,6 +199,11 @@ class RolloutEngine(abc.ABC):
     #: tokens the engine's context needs beyond the longest sequence (prompt + response)
     context_length_margin: ClassVar[int] = 0
 
+    @classmethod
+    def checkpoint_problems(cls, config: dict) -> list[str]:
+        """What in a model's parsed config.json this engine cannot load, each a phrase (checked before Ray)."""
+        return []
+
     def __init__(self, ctx: RolloutContext):
         self.ctx = ctx
         self.config = ctx.config

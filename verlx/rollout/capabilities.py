@@ -59,30 +59,34 @@ def capability_problems(cfg, name: str | None = None) -> list[str]:
     return problems
 
 
-def context_length_problems(cfg, name: str | None = None) -> list[str]:
-    """vLLM and SGLang refuse a context longer than the model's max_position_embeddings, on every rank and after
-    minutes of loading; the same arithmetic from config.json, before Ray."""
+def model_config_problems(cfg, name: str | None = None) -> list[str]:
+    """What in the model's config.json the engine will refuse, on every rank and after minutes of loading: its own
+    checkpoint requirements (RolloutEngine.checkpoint_problems) and, for vLLM and SGLang, a context longer than
+    max_position_embeddings. Read from the file before Ray; none for a path without one (a hub id not yet
+    downloaded: checked again once it is)."""
     rollout = cfg.actor_rollout_ref.rollout
     name = name or rollout.name
     engine = engine_class_or_none(name)
-    override = engine.context_limit_override_env if engine is not None else None
-    if override is None or os.environ.get(override):
-        return []
     path = cfg.actor_rollout_ref.model.path
-    raw = read_checkpoint_config(path)
-    limit = position_limit(raw) if raw is not None else None
-    longest = rollout.max_model_len or rollout.prompt_length + rollout.response_length
-    if limit is None or longest + engine.context_length_margin <= limit:
+    raw = read_checkpoint_config(path) if engine is not None else None
+    if raw is None:
         return []
+    problems = [f"actor_rollout_ref.model.path: {path}/config.json {problem}; {ROLLOUT}.name={name} cannot load it "
+                "otherwise" for problem in engine.checkpoint_problems(raw)]
+    override = engine.context_limit_override_env
+    limit = position_limit(raw)
+    longest = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    if override is None or os.environ.get(override) or limit is None or longest + engine.context_length_margin <= limit:
+        return problems
     asked = (f"{ROLLOUT}.max_model_len={rollout.max_model_len}" if rollout.max_model_len else
              f"data.max_prompt_length + data.max_response_length = {rollout.prompt_length} + "
              f"{rollout.response_length} = {longest} tokens")
     margin = (f" (+ {engine.context_length_margin} tokens {name} needs beyond the longest sequence)"
               if engine.context_length_margin else "")
-    return [f"{asked}{margin} exceeds the model's max_position_embeddings={limit} in {path}/config.json, and "
-            f"{ROLLOUT}.name={name} refuses a longer context: shorten the prompts or responses, use a model (or a "
-            f"rope_scaling) made for longer sequences, or set {override}=1 if positions beyond {limit} are what you "
-            "want"]
+    return problems + [
+        f"{asked}{margin} exceeds the model's max_position_embeddings={limit} in {path}/config.json, and "
+        f"{ROLLOUT}.name={name} refuses a longer context: shorten the prompts or responses, use a model (or a "
+        f"rope_scaling) made for longer sequences, or set {override}=1 if positions beyond {limit} are what you want"]
 
 
 def _server_problems(cfg, tp: int) -> list[str]:

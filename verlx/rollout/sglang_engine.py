@@ -97,6 +97,16 @@ class SGLangRolloutEngine(ExternalEngine):
     context_limit_override_env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
     context_length_margin = SGLANG_CONTEXT_MARGIN
 
+    @classmethod
+    def checkpoint_problems(cls, config: dict) -> list[str]:
+        """SGLang 0.5's Qwen2-VL vision tower reads vision_config.in_chans, which the hub's configs carry and a
+        config that transformers 5 writes from scratch does not (it has in_channels): the scheduler dies on it."""
+        vision = config.get("vision_config")
+        if config.get("model_type") == "qwen2_vl" and isinstance(vision, dict) and "in_chans" not in vision:
+            return ['has no "in_chans" in its vision_config, which SGLang\'s Qwen2-VL reads: add "in_chans": '
+                    f'{vision.get("in_channels", 3)} beside "in_channels" (the hub\'s Qwen2-VL configs have both)']
+        return []
+
     def __init__(self, ctx: RolloutContext):
         super().__init__(ctx)
         self.features = SGLangFeatures(self.version)

@@ -31,9 +31,9 @@ logger = logging.getLogger("verlx")
 
 def check_engine_capabilities(config: PPOConfig, resolved_name: str) -> None:
     """What the run needs of the engine `auto` resolved to (validate checked an engine named in the config)."""
-    from verlx.rollout.capabilities import capability_problems, context_length_problems
+    from verlx.rollout.capabilities import capability_problems, model_config_problems
 
-    problems = capability_problems(config, resolved_name) + context_length_problems(config, resolved_name)
+    problems = capability_problems(config, resolved_name) + model_config_problems(config, resolved_name)
     if problems:
         raise ConfigError(problems)
 

@@ -418,7 +418,7 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         f.warnings += megatron.warnings
     if not f.problems:
         from verlx.rollout.agent.config_checks import agent_loop_findings
-        from verlx.rollout.capabilities import capability_problems, context_length_problems
+        from verlx.rollout.capabilities import capability_problems, model_config_problems
         from verlx.trainer.rollout_modes.config_checks import rollout_mode_problems
 
         agent = agent_loop_findings(cfg)
@@ -426,7 +426,7 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
         f.warnings += agent.warnings
         f.problems += rollout_mode_problems(cfg)
         f.problems += capability_problems(cfg)
-        f.problems += context_length_problems(cfg)
+        f.problems += model_config_problems(cfg)
     if not f.problems:
         check_verl_features(cfg, f, world_size or world_size_of(cfg), check_files)
     if not f.problems:
