@@ -12,13 +12,10 @@ error names the file and the entry (interaction[i]) before any rollout starts.
 from __future__ import annotations
 
 import logging
-import os
 
-import yaml
-
+from verlx.rollout.agent.entry_files import load_named_entries
 from verlx.rollout.agent.interactions import BaseInteraction
 from verlx.utils.errors import InputError
-from verlx.utils.paths import expand_path
 from verlx.utils.registry import import_object
 
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
@@ -75,30 +72,6 @@ def _entry_interaction(entry: dict, where: str) -> BaseInteraction:
 def load_interactions(path: str) -> dict[str, BaseInteraction]:
     """name → interaction for every entry of the file; raises InteractionConfigError naming the file and the
     entry."""
-    path = expand_path(path)
-    if not os.path.isfile(path):
-        raise InteractionConfigError(f"{KEY}: file {path!r} does not exist")
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        raise InteractionConfigError(f"{path}: not valid YAML: {e}") from None
-    entries = raw.get("interaction") if isinstance(raw, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise InteractionConfigError(f"{path}: expected a top-level 'interaction:' list with at least one entry "
-                                     "({name, class_name, config}, veRL's interaction config)")
-    interactions: dict[str, BaseInteraction] = {}
-    for i, entry in enumerate(entries):
-        where = f"{path}: interaction[{i}]"
-        if not isinstance(entry, dict):
-            raise InteractionConfigError(f"{where} must be a mapping, got {entry!r:.80}")
-        try:
-            made = _entry_interaction(entry, where)
-        except (ValueError, KeyError, TypeError) as e:
-            if isinstance(e, InteractionConfigError):
-                raise
-            raise InteractionConfigError(f"{where}: {e}") from None
-        if made.name in interactions:
-            raise InteractionConfigError(f"{where}: a second interaction named {made.name!r}; names must be unique")
-        interactions[made.name] = made
-    return interactions
+    return load_named_entries(path, config_key=KEY, section="interaction", noun="interaction",
+                              error=InteractionConfigError, build=_entry_interaction,
+                              hint=" ({name, class_name, config}, veRL's interaction config)")

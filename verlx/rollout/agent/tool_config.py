@@ -14,13 +14,10 @@ Every error names the file and the entry (tools[i]) before any rollout starts.
 from __future__ import annotations
 
 import logging
-import os
 
-import yaml
-
+from verlx.rollout.agent.entry_files import load_named_entries
 from verlx.rollout.agent.tools import TOOLS, BaseTool, FunctionTool, ToolSchemaError, as_tool, validate_schema
 from verlx.utils.errors import InputError
-from verlx.utils.paths import expand_path
 from verlx.utils.registry import import_object
 
 ENTRY_KEYS = {"name", "function", "class_name", "config", "tool_schema"}
@@ -94,29 +91,6 @@ def _entry_tool(entry: dict, where: str) -> BaseTool:
 
 def load_tools(path: str) -> dict[str, BaseTool]:
     """name → tool for every entry of the file; raises ToolConfigError naming the file and the entry."""
-    path = expand_path(path)
-    if not os.path.isfile(path):
-        raise ToolConfigError(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: file {path!r} does not exist")
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        raise ToolConfigError(f"{path}: not valid YAML: {e}") from None
-    entries = raw.get("tools") if isinstance(raw, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise ToolConfigError(f"{path}: expected a top-level 'tools:' list with at least one entry")
-    tools: dict[str, BaseTool] = {}
-    for i, entry in enumerate(entries):
-        where = f"{path}: tools[{i}]"
-        if not isinstance(entry, dict):
-            raise ToolConfigError(f"{where} must be a mapping, got {entry!r:.80}")
-        try:
-            made = _entry_tool(entry, where)
-        except (ToolSchemaError, ValueError, KeyError, TypeError) as e:
-            if isinstance(e, ToolConfigError):
-                raise
-            raise ToolConfigError(f"{where}: {e}") from None
-        if made.name in tools:
-            raise ToolConfigError(f"{where}: a second tool named {made.name!r}")
-        tools[made.name] = made
-    return tools
+    return load_named_entries(path, config_key="actor_rollout_ref.rollout.multi_turn.tool_config_path",
+                              section="tools", noun="tool", error=ToolConfigError, build=_entry_tool,
+                              caught=(ToolSchemaError,))
