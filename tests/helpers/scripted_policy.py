@@ -83,3 +83,35 @@ def _objects(values) -> np.ndarray:
     for i, v in enumerate(values):
         out[i] = v
     return out
+
+
+def enc(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def scripted_response(tok, segments: list[tuple[str, bool]]) -> tuple[list[int], list[int], list[float]]:
+    """The response ids, loss mask and rollout log-probs of a trajectory made of `segments` (text, written by the
+    model): the model's tokens carry the scripted policy's log-probs, the rest (tool results, user turns) 0."""
+    ids, mask, lps = [], [], []
+    for text, is_model in segments:
+        part = enc(tok, text)
+        ids += part
+        mask += [int(is_model)] * len(part)
+        lps += [scripted_logprob(t, i) if is_model else 0.0 for i, t in enumerate(part)]
+    return ids, mask, lps
+
+
+def response(batch, row: int) -> tuple[list[int], list[int], list[float]]:
+    """A rollout row's response ids, loss mask and rollout log-probs, padding dropped."""
+    mask = batch.batch["attention_mask"][row, batch.batch["prompts"].shape[1]:].bool()
+    return (batch.batch["responses"][row][mask].tolist(), batch.batch["response_mask"][row][mask].tolist(),
+            batch.batch["rollout_log_probs"][row][mask].tolist())
+
+
+def assert_row(batch, row: int, want: tuple[list[int], list[int], list[float]]) -> None:
+    import pytest
+
+    ids, mask, lps = response(batch, row)
+    assert ids == want[0]
+    assert mask == want[1]
+    assert lps == pytest.approx(want[2], abs=1e-6)

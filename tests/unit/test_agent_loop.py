@@ -12,7 +12,15 @@ import time
 import pytest
 
 from helpers.chat_templates import build_chat_tokenizer
-from helpers.scripted_policy import ScriptedStream, prompt_batch, rollout_config, scripted_logprob
+from helpers.scripted_policy import (
+    ScriptedStream,
+    assert_row,
+    enc,
+    prompt_batch,
+    response,
+    rollout_config,
+    scripted_response,
+)
 from verlx.rollout.agent.builtin_tools import calculator
 from verlx.rollout.agent.runner import AgentLoopRunner, TemplateMismatchError
 from verlx.rollout.agent.tools import FunctionTool, schema_from_function
@@ -25,9 +33,6 @@ TOOLS = {"calculator": FunctionTool(calculator, schema_from_function(calculator)
 def tok():
     return build_chat_tokenizer("qwen25")
 
-
-def enc(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
 
 
 def call(expression: str, name: str = "calculator") -> str:
@@ -58,36 +63,13 @@ def prompt_with_tools(tok, runner, messages=QUESTION) -> list[int]:
     return enc(tok, text)
 
 
-def response(batch, row: int) -> tuple[list[int], list[int], list[float]]:
-    mask = batch.batch["attention_mask"][row, batch.batch["prompts"].shape[1]:].bool()
-    return (batch.batch["responses"][row][mask].tolist(), batch.batch["response_mask"][row][mask].tolist(),
-            batch.batch["rollout_log_probs"][row][mask].tolist())
-
-
-def expected(tok, segments: list[tuple[str, bool]]):
-    ids, mask, lps = [], [], []
-    for text, is_model in segments:
-        part = enc(tok, text)
-        ids += part
-        mask += [int(is_model)] * len(part)
-        lps += [scripted_logprob(t, i) if is_model else 0.0 for i, t in enumerate(part)]
-    return ids, mask, lps
-
-
-def assert_row(batch, row, want):
-    ids, mask, lps = response(batch, row)
-    assert ids == want[0]
-    assert mask == want[1]
-    assert lps == pytest.approx(want[2], abs=1e-6)
-
-
 def test_one_tool_call_is_token_exact(tok):
     model1 = call("12*34") + "<|im_end|>"
     model2 = "It is 408.<|im_end|>"
     batch, backend, runner = run(tok, [[model1, model2]])
     prompt = prompt_with_tools(tok, runner)
     delta = tool_delta("408")
-    assert_row(batch, 0, expected(tok, [(model1, True), (delta, False), (model2, True)]))
+    assert_row(batch, 0, scripted_response(tok, [(model1, True), (delta, False), (model2, True)]))
     # the prompt was rendered with the tool schema; the second request saw exactly the trajectory so far
     assert batch.batch["prompts"][0][batch.batch["attention_mask"][0, :2048].bool()].tolist() == prompt
     assert [r[2] for r in backend.requests] == [prompt, prompt + enc(tok, model1) + enc(tok, delta)]
@@ -111,8 +93,9 @@ def test_several_tool_calls_in_a_row(tok):
     turns = [call("12*34") + "<|im_end|>", call("408+1") + "<|im_end|>", call("409*2") + "<|im_end|>",
              "818<|im_end|>"]
     batch, backend, _ = run(tok, [turns])
-    want = expected(tok, [(turns[0], True), (tool_delta("408"), False), (turns[1], True), (tool_delta("409"), False),
-                          (turns[2], True), (tool_delta("818"), False), (turns[3], True)])
+    want = scripted_response(tok, [(turns[0], True), (tool_delta("408"), False), (turns[1], True),
+                                   (tool_delta("409"), False), (turns[2], True), (tool_delta("818"), False),
+                                   (turns[3], True)])
     assert_row(batch, 0, want)
     assert batch.non_tensor_batch["multi_turn_num_turns"][0] == 4
     assert batch.non_tensor_batch["multi_turn_tool_calls"][0] == 3
@@ -135,7 +118,8 @@ def test_parallel_calls_run_concurrently(tok):
     calls = "".join(f'<tool_call>\n{{"name": "meet", "arguments": {{"x": "{x}"}}}}\n</tool_call>' for x in "ab")
     turns = [calls + "<|im_end|>", "done<|im_end|>"]
     batch, _, _ = run(tok, [turns], tools=tools, max_parallel_calls=2)
-    assert_row(batch, 0, expected(tok, [(turns[0], True), (tool_delta("met a", "met b"), False), (turns[1], True)]))
+    assert_row(batch, 0, scripted_response(tok, [(turns[0], True), (tool_delta("met a", "met b"), False),
+                                                 (turns[1], True)]))
     assert batch.non_tensor_batch["multi_turn_tool_errors"][0] == 0
 
 
@@ -143,7 +127,8 @@ def test_calls_beyond_max_parallel_calls_are_answered_not_run(tok):
     turns = [call("1+1") + call("2+2") + "<|im_end|>", "ok<|im_end|>"]
     batch, _, _ = run(tok, [turns], max_parallel_calls=1)
     refused = "error: at most 1 tool calls per turn; this call was not run"
-    assert_row(batch, 0, expected(tok, [(turns[0], True), (tool_delta("2", refused), False), (turns[1], True)]))
+    assert_row(batch, 0, scripted_response(tok, [(turns[0], True), (tool_delta("2", refused), False),
+                                                 (turns[1], True)]))
     assert batch.non_tensor_batch["multi_turn_tool_errors"][0] == 1
 
 
@@ -195,7 +180,8 @@ def test_tool_error_timeout_and_bad_returns_are_counted_and_the_batch_goes_on(to
     answers = ["error: boom raised RuntimeError: tool exploded", "error: slow did not answer within 0.3 s",
                "error: number returned int, not text", "y" * 23 + "...(truncated)..." + "y" * 24, "42"]
     for row, (script, answer) in enumerate(zip(scripts, answers)):
-        assert_row(batch, row, expected(tok, [(script[0], True), (tool_delta(answer), False), (script[1], True)]))
+        assert_row(batch, row, scripted_response(tok, [(script[0], True), (tool_delta(answer), False),
+                                                       (script[1], True)]))
     nt = batch.non_tensor_batch
     assert list(nt["multi_turn_tool_errors"]) == [1, 0, 1, 0, 0]
     assert list(nt["multi_turn_tool_timeouts"]) == [0, 1, 0, 0, 0]
@@ -217,7 +203,8 @@ def test_malformed_call_and_unknown_tool_and_bad_arguments(tok):
     assert texts[1] == "error: unknown tool 'search'; available: ['calculator']"
     assert texts[2] == "error: calculator: missing required argument(s) ['expression']"
     for row, script in enumerate(scripts):
-        assert_row(batch, row, expected(tok, [(script[0], True), (tool_delta(texts[row]), False), (script[1], True)]))
+        assert_row(batch, row, scripted_response(tok, [(script[0], True), (tool_delta(texts[row]), False),
+                                                       (script[1], True)]))
 
 
 def test_truncation_mid_turn_keeps_the_cut_turn_and_records_length(tok):
@@ -226,7 +213,7 @@ def test_truncation_mid_turn_keeps_the_cut_turn_and_records_length(tok):
     budget = len(first) + len(delta) + 20
     batch, backend, _ = run(tok, [turns], response_length=budget)
     cut = tok.decode(enc(tok, turns[1])[:20])
-    assert_row(batch, 0, expected(tok, [(turns[0], True), (tool_delta("408"), False), (cut, True)]))
+    assert_row(batch, 0, scripted_response(tok, [(turns[0], True), (tool_delta("408"), False), (cut, True)]))
     assert backend.requests[1][3] == 20
     assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "length"
     assert not batch.non_tensor_batch["multi_turn_template_mismatch"][0]
@@ -236,7 +223,7 @@ def test_tool_response_over_the_budget_ends_at_the_turn_boundary(tok):
     turns = [call("12*34") + "<|im_end|>", "never<|im_end|>"]
     first, delta = enc(tok, turns[0]), enc(tok, tool_delta("408"))
     batch, backend, _ = run(tok, [turns], response_length=len(first) + len(delta))  # no room for a model token
-    assert_row(batch, 0, expected(tok, [(turns[0], True)]))
+    assert_row(batch, 0, scripted_response(tok, [(turns[0], True)]))
     assert len(backend.requests) == 1
     assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "context_over_budget"
 
@@ -244,8 +231,8 @@ def test_tool_response_over_the_budget_ends_at_the_turn_boundary(tok):
 def test_max_assistant_turns_stops_a_model_that_never_stops_calling(tok):
     turn = call("1+1") + "<|im_end|>"
     batch, backend, _ = run(tok, [[turn]], max_assistant_turns=3)
-    assert_row(batch, 0, expected(tok, [(turn, True), (tool_delta("2"), False), (turn, True),
-                                        (tool_delta("2"), False), (turn, True)]))
+    assert_row(batch, 0, scripted_response(tok, [(turn, True), (tool_delta("2"), False), (turn, True),
+                                                 (tool_delta("2"), False), (turn, True)]))
     assert len(backend.requests) == 3
     nt = batch.non_tensor_batch
     assert (nt["multi_turn_stop_reason"][0], nt["multi_turn_tool_calls"][0]) == ("max_assistant_turns", 2)
@@ -256,7 +243,7 @@ def test_single_turn_loop_uses_the_dataset_prompt_unchanged(tok):
     batch, backend, _ = run(tok, [[answer]], default_agent_loop="single_turn_agent")
     data_prompt = enc(tok, tok.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False))
     assert backend.requests[0][2] == data_prompt
-    assert_row(batch, 0, expected(tok, [(answer, True)]))
+    assert_row(batch, 0, scripted_response(tok, [(answer, True)]))
     assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "answered"
 
 

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from helpers.chat_templates import build_chat_tokenizer
-from helpers.scripted_policy import ScriptedStream, prompt_batch, rollout_config, scripted_logprob
+from helpers.scripted_policy import ScriptedStream, assert_row, enc, prompt_batch, rollout_config, scripted_response
 from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.schema import PPOConfig
 from verlx.reward.gsm8k_interaction import Gsm8kInteraction
@@ -164,9 +164,6 @@ def tok():
     return build_chat_tokenizer("qwen25")
 
 
-def enc(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
-
 
 def user_delta(text: str) -> str:
     """What the Qwen2.5-style template puts after <|im_end|> for a user message (written out by hand)."""
@@ -185,27 +182,13 @@ def run(tok, turns_text, truths, response_length=512, **mt):
     return batch, backend
 
 
-def assert_response(tok, batch, row, segments):
-    """The row's response ids, mask and rollout log-probs are the segments' (text, is_model), in order."""
-    ids, mask, lps = [], [], []
-    for text, is_model in segments:
-        part = enc(tok, text)
-        ids += part
-        mask += [int(is_model)] * len(part)
-        lps += [scripted_logprob(t, i) if is_model else 0.0 for i, t in enumerate(part)]
-    valid = batch.batch["attention_mask"][row, batch.batch["prompts"].shape[1]:].bool()
-    assert batch.batch["responses"][row][valid].tolist() == ids
-    assert batch.batch["response_mask"][row][valid].tolist() == mask
-    assert batch.batch["rollout_log_probs"][row][valid].tolist() == pytest.approx(lps, abs=1e-6)
-
-
 def test_the_interaction_answers_until_it_ends_the_conversation(tok):
     """Wrong, then right: the user's two turns are the template's deltas, masked out of the loss like tool results;
     the second ('correct') is appended and ends the sample; the scores are veRL's turn_scores."""
     model = ["#### 407<|im_end|>", "#### 408<|im_end|>"]
     batch, backend = run(tok, [model], ["408"], max_user_turns=5)
-    assert_response(tok, batch, 0, [(model[0], True), (user_delta(INCORRECT), False), (model[1], True),
-                                    (user_delta(CORRECT), False)])
+    assert_row(batch, 0, scripted_response(tok, [(model[0], True), (user_delta(INCORRECT), False), (model[1], True),
+                                                 (user_delta(CORRECT), False)]))
     nt = batch.non_tensor_batch
     assert list(nt["multi_turn_turn_scores"][0]) == [0.0, 1.0]
     assert nt["multi_turn_stop_reason"][0] == "interaction_ended" and nt["multi_turn_user_turns"][0] == 2
@@ -220,17 +203,17 @@ def test_the_interaction_answers_until_it_ends_the_conversation(tok):
 def test_max_user_turns_and_max_assistant_turns_bound_the_user(tok):
     wrong = ["#### 1<|im_end|>", "#### 2<|im_end|>", "#### 3<|im_end|>"]
     batch, _ = run(tok, [wrong], ["408"], max_user_turns=1)
-    assert_response(tok, batch, 0, [(wrong[0], True), (user_delta(INCORRECT), False), (wrong[1], True)])
+    assert_row(batch, 0, scripted_response(tok, [(wrong[0], True), (user_delta(INCORRECT), False), (wrong[1], True)]))
     assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "max_user_turns"
     assert list(batch.non_tensor_batch["multi_turn_turn_scores"][0]) == [0.0]
     # veRL asks no interaction after the last allowed model turn
     batch, _ = run(tok, [wrong], ["408"], max_assistant_turns=2)
-    assert_response(tok, batch, 0, [(wrong[0], True), (user_delta(INCORRECT), False), (wrong[1], True)])
+    assert_row(batch, 0, scripted_response(tok, [(wrong[0], True), (user_delta(INCORRECT), False), (wrong[1], True)]))
     assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "max_assistant_turns"
     # max_user_turns=0 is veRL's "no limit": the user is asked after every answer, as with null
     batch, _ = run(tok, [wrong], ["408"], max_user_turns=0, max_assistant_turns=3)
-    assert_response(tok, batch, 0, [(wrong[0], True), (user_delta(INCORRECT), False), (wrong[1], True),
-                                    (user_delta(INCORRECT), False), (wrong[2], True)])
+    assert_row(batch, 0, scripted_response(tok, [(wrong[0], True), (user_delta(INCORRECT), False), (wrong[1], True),
+                                                 (user_delta(INCORRECT), False), (wrong[2], True)]))
     assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "max_assistant_turns"
     assert list(batch.non_tensor_batch["multi_turn_turn_scores"][0]) == [0.0, 0.0]
 
@@ -239,7 +222,7 @@ def test_a_user_turn_over_the_budget_ends_the_sample_at_the_turn_boundary(tok):
     model = ["#### 407<|im_end|>"]
     budget = len(enc(tok, model[0])) + 5  # the 'incorrect' delta does not fit
     batch, _ = run(tok, [model], ["408"], response_length=budget)
-    assert_response(tok, batch, 0, [(model[0], True)])
+    assert_row(batch, 0, scripted_response(tok, [(model[0], True)]))
     assert batch.non_tensor_batch["multi_turn_stop_reason"][0] == "context_over_budget"
     assert list(batch.non_tensor_batch["multi_turn_turn_scores"][0]) == [0.0]
 
