@@ -7,6 +7,7 @@ its workers, beside any cluster this machine may also run. The log says which.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -100,3 +101,20 @@ def _init_keeping_sigterm_handler(ray, kwargs: dict) -> None:
     ray.init(**kwargs)
     if own is not None:
         signal.signal(signal.SIGTERM, own)
+
+
+def shutdown_ray() -> None:
+    """ray.shutdown(), without Ray's wait of up to a second per process for a SIGTERM they never see (main_ppo starts
+    a private instance's processes with the stop signals blocked: 5 s at the end of every run): the driver's
+    children that run Ray's own programs are sent SIGKILL first, where Ray's wait ends anyway. A joined cluster's
+    processes are not the driver's children; other children (a reward function's process pool) are left to their
+    owners."""
+    import psutil
+    import ray
+
+    ray_dir = os.path.dirname(os.path.abspath(ray.__file__)) + os.sep
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if any(arg.startswith(ray_dir) and arg.endswith(".py") for arg in child.cmdline()):
+                child.kill()
+    ray.shutdown()
