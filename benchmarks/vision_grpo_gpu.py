@@ -88,7 +88,8 @@ def overrides(args, model_dir: str, data_dir: str, out_dir: str, reward: str) ->
         f"actor_rollout_ref.rollout.n={args.n}", f"trainer.n_gpus_per_node={args.gpus}",
         f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false",
         "trainer.logger=[console,file]", f"trainer.output_dir={out_dir}", f"trainer.default_local_dir={out_dir}/ckpt",
-        "trainer.progress_bar=false", f"trainer.on_policy_tolerance={ON_POLICY_TOLERANCE[args.shape]}", f"custom_reward_function.path={reward}",
+        "trainer.progress_bar=false", f"trainer.on_policy_tolerance={ON_POLICY_TOLERANCE[args.shape]}",
+        f"custom_reward_function.path={reward}",
         *(["trainer.device=cpu", "reward.num_workers=0"] if args.smoke else []), *args.extra,
     ]
 

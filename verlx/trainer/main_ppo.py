@@ -17,7 +17,7 @@ from verlx.trainer.checkpointing import last_checkpoint_sentence
 from verlx.trainer.entrypoint import hydra_command
 from verlx.trainer.output_dirs import prepare_output_dirs
 from verlx.trainer.preflight import uses_critic_if_known, validate
-from verlx.trainer.ray_startup import start_ray, shutdown_ray, use_gpus
+from verlx.trainer.ray_startup import shutdown_ray, start_ray, use_gpus
 from verlx.trainer.resume import stop_if_finished
 from verlx.trainer.reward_columns import check_reward_columns
 from verlx.trainer.run_lock import RunLock
