@@ -249,8 +249,11 @@ def names_a_missing_feature(outcome: Outcome) -> bool:
 # The stand-in model's shape: the preflight checks tensor, pipeline and Ulysses sizes against the model's heads and
 # layers, so the stand-in admits the layouts used for 0.5B-671B models (heads and key/value heads divisible by
 # 1-32, layers by pipeline × virtual-pipeline sizes up to 96).
+# max_position_embeddings: the longest of the scripts' models (Llama 3.1's), so that the preflight's context check
+# refuses nothing here that the real checkpoint would accept.
 STAND_IN_SHAPE = {"hidden_size": 2048, "num_attention_heads": 64, "num_key_value_heads": 32,
-                  "num_hidden_layers": 96, "intermediate_size": 4096, "vocab_size": 1024}
+                  "num_hidden_layers": 96, "intermediate_size": 4096, "vocab_size": 1024,
+                  "max_position_embeddings": 131072}
 
 
 def shaped_model_dir(path: str) -> str:
@@ -278,12 +281,14 @@ VISION_STAND_INS = {r"qwen2\.5-vl|qwen2_5_vl": "qwen2_5_vl", r"qwen2-vl|qwen2_vl
 
 
 def vision_stand_in(path: str, model_type: str) -> str:
-    """The text stand-in's files with a vision-language config.json: `model_type`, its shape as text_config."""
+    """The text stand-in's files with a vision-language config.json: `model_type`, its shape as text_config, the
+    vision fields the engines read (the hub's Qwen2-VL configs carry in_chans beside in_channels)."""
     shaped_model_dir(path)
     with open(os.path.join(path, "config.json")) as f:
         text = json.load(f)
     config = {"model_type": model_type, "architectures": [f"{model_type}_stand_in"], "text_config": text,
-              "vision_config": {"depth": 2, "spatial_merge_size": 2}, "image_token_id": 1}
+              "vision_config": {"depth": 2, "spatial_merge_size": 2, "in_chans": 3, "in_channels": 3},
+              "image_token_id": 1}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
     return path
