@@ -138,7 +138,7 @@ def test_verls_gsm8k_tool_is_read_as_verlxs_and_answers_as_veRL_does(tmp_path, c
     from verlx.reward.gsm8k_tool import Gsm8kTool
 
     caplog.set_level(logging.INFO)
-    monkeypatch.setattr("verlx.rollout.agent.tool_config._said", set())  # said once a process: say it here
+    monkeypatch.setattr("verlx.rollout.agent.entry_files._said", set())  # said once a process: say it here
     path = write(tmp_path, """\
         tools:
           - class_name: verl.tools.gsm8k_tool.Gsm8kTool

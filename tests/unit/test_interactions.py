@@ -74,12 +74,12 @@ def write(tmp_path, body: str) -> str:
 
 
 def test_verls_gsm8k_class_is_read_as_verlxs_and_named_as_verl_names_it(tmp_path, caplog, monkeypatch):
-    from verlx.rollout.agent import interaction_config
+    from verlx.rollout.agent import entry_files
 
-    monkeypatch.setattr(interaction_config, "_said", set())
+    monkeypatch.setattr(entry_files, "_said", set())
     path = write(tmp_path, f"interaction:\n  - class_name: {VERL_GSM8K}\n    config: {{}}\n"
                            f"  - name: second\n    class_name: verlx.reward.gsm8k_interaction:Gsm8kInteraction\n")
-    with caplog.at_level(logging.INFO, logger="verlx.rollout.agent.interaction_config"):
+    with caplog.at_level(logging.INFO, logger="verlx.rollout.agent.entry_files"):
         interactions = load_interactions(path)
     assert sorted(interactions) == ["gsm8k", "second"]  # no name: the class name without "Interaction", lower case
     assert all(type(i) is Gsm8kInteraction for i in interactions.values())

@@ -87,7 +87,7 @@ def call(tools, calls, kwargs=None, timeout_s=20.0):
 
 def test_each_verl_tool_class_loads_as_verlxs_and_is_said_once(tmp_path, caplog, monkeypatch):
     caplog.set_level(logging.INFO)
-    monkeypatch.setattr("verlx.rollout.agent.tool_config._said", set())
+    monkeypatch.setattr("verlx.rollout.agent.entry_files._said", set())
     path = write(tmp_path, GEO3K_ENTRY + SANDBOX_ENTRY.format(url="https://sandbox.invalid/run_code", timeout=30)
                  + SEARCH_ENTRY.format(url="http://127.0.0.1:9/retrieve", timeout=30))
     tools = load_tools(path)

@@ -3,6 +3,7 @@ of entries, each built into an object with a unique name, every problem naming t
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,10 @@ from typing import Any
 import yaml
 
 from verlx.utils.paths import expand_path
+
+logger = logging.getLogger(__name__)
+# the veRL class names already said to be read as verlx's (once a process)
+_said: set[str] = set()
 
 
 def load_named_entries(path: str, *, config_key: str, section: str, noun: str, error: type[Exception],
@@ -44,3 +49,14 @@ def load_named_entries(path: str, *, config_key: str, section: str, noun: str, e
             raise error(f"{where}: a second {noun} named {made.name!r}; names must be unique")
         made_by_name[made.name] = made
     return made_by_name
+
+
+def verlx_class_for(class_name: str, ours_by_verl: dict[str, str], noun: str) -> str:
+    """`class_name`, or verlx's class for a veRL class in `ours_by_verl` (said once a process, at info level)."""
+    ours = ours_by_verl.get(class_name)
+    if ours is None:
+        return class_name
+    if class_name not in _said:
+        _said.add(class_name)
+        logger.info("%s class %s (veRL's) is read as verlx's %s", noun, class_name, ours)
+    return ours

@@ -11,9 +11,7 @@ error names the file and the entry (interaction[i]) before any rollout starts.
 
 from __future__ import annotations
 
-import logging
-
-from verlx.rollout.agent.entry_files import load_named_entries
+from verlx.rollout.agent.entry_files import load_named_entries, verlx_class_for
 from verlx.rollout.agent.interactions import BaseInteraction
 from verlx.utils.errors import InputError
 from verlx.utils.registry import import_object
@@ -24,23 +22,11 @@ ENTRY_KEYS = {"name", "class_name", "config"}
 VERL_INTERACTIONS = {
     "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "verlx.reward.gsm8k_interaction:Gsm8kInteraction",
 }
-logger = logging.getLogger(__name__)
-_said: set[str] = set()
 
 
 class InteractionConfigError(InputError, ValueError):
     """The interaction file does not load; the message names the file and the entry."""
 
-
-def verlx_interaction_class(class_name: str) -> str:
-    """`class_name`, or verlx's class for veRL's."""
-    ours = VERL_INTERACTIONS.get(class_name)
-    if ours is None:
-        return class_name
-    if class_name not in _said:
-        _said.add(class_name)
-        logger.info("interaction class %s (veRL's) is read as verlx's %s", class_name, ours)
-    return ours
 
 
 def default_name(class_name: str) -> str:
@@ -62,7 +48,7 @@ def _entry_interaction(entry: dict, where: str) -> BaseInteraction:
     name = entry.get("name") or default_name(class_name)
     if not isinstance(name, str):
         raise InteractionConfigError(f"{where}.name must be a string, got {name!r:.80}")
-    cls = import_object(verlx_interaction_class(class_name), f"{where}.class_name")
+    cls = import_object(verlx_class_for(class_name, VERL_INTERACTIONS, "interaction"), f"{where}.class_name")
     if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
         raise InteractionConfigError(f"{where}.class_name={class_name} is not a subclass of verlx's BaseInteraction "
                                      "(verlx.rollout.agent.interactions; veRL's interface, docs/multi_turn.md)")

@@ -13,9 +13,7 @@ Every error names the file and the entry (tools[i]) before any rollout starts.
 
 from __future__ import annotations
 
-import logging
-
-from verlx.rollout.agent.entry_files import load_named_entries
+from verlx.rollout.agent.entry_files import load_named_entries, verlx_class_for
 from verlx.rollout.agent.tools import TOOLS, BaseTool, FunctionTool, ToolSchemaError, as_tool, validate_schema
 from verlx.utils.errors import InputError
 from verlx.utils.registry import import_object
@@ -31,19 +29,7 @@ VERL_TOOLS = {
 # veRL's tool classes verlx has none of, with what they need
 VERL_TOOLS_LACKING = {"verl.tools.mcp_search_tool.MCPSearchTool": "an MCP client (veRL's MCPSearchTool calls tools "
                                                                    "of the MCP servers its `mcp:` entry names)"}
-logger = logging.getLogger(__name__)
-_said: set[str] = set()
 
-
-def verlx_tool_class(class_name: str) -> str:
-    """`class_name`, or verlx's class for veRL's."""
-    ours = VERL_TOOLS.get(class_name)
-    if ours is None:
-        return class_name
-    if class_name not in _said:
-        _said.add(class_name)
-        logger.info("tool class %s (veRL's) is read as verlx's %s", class_name, ours)
-    return ours
 
 
 class ToolConfigError(InputError, ValueError):
@@ -68,7 +54,7 @@ def _entry_tool(entry: dict, where: str) -> BaseTool:
     if not isinstance(config, dict):
         raise ToolConfigError(f"{where}.config must be a mapping, got {config!r:.80}")
     if "class_name" in entry:
-        cls = import_object(verlx_tool_class(entry["class_name"]), f"{where}.class_name")
+        cls = import_object(verlx_class_for(entry["class_name"], VERL_TOOLS, "tool"), f"{where}.class_name")
         if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
             raise ToolConfigError(f"{where}.class_name={entry['class_name']} is not a BaseTool subclass")
         schema = schema or getattr(cls, "default_schema", None)
