@@ -27,18 +27,22 @@ def load_script(name: str):
     return module
 
 
-def test_gsm8k_tool_rows_carry_the_agent_and_the_checkers_ground_truth(tmp_path):
+def preprocess_one_question(script: str, tmp_path):
+    """A GSM8K preprocessing script run on one question: the test split's row and its batch through RLHFDataset."""
     source = tmp_path / "test.jsonl"
     source.write_text(json.dumps({"question": "Tom has 3 bags of 4 apples. How many apples?",
                                   "answer": "3*4=<<3*4=12>>12\n#### 12"}) + "\n")
-    written = load_script("gsm8k_tool").main(["--local_dataset_path", str(source),
-                                              "--local_save_dir", str(tmp_path / "out")])
-    row = pq.read_table(written["test"]).to_pylist()[0]
+    written = load_script(script).main(["--local_dataset_path", str(source),
+                                        "--local_save_dir", str(tmp_path / "out")])
+    dataset = RLHFDataset(written["test"], build_tokenizer(), DataConfig(max_prompt_length=512, return_raw_chat=True))
+    return pq.read_table(written["test"]).to_pylist()[0], dataset.get_batch([0])
+
+
+def test_gsm8k_tool_rows_carry_the_agent_and_the_checkers_ground_truth(tmp_path):
+    row, batch = preprocess_one_question("gsm8k_tool", tmp_path)
     assert row["agent_name"] == "tool_agent" and row["reward_model"]["ground_truth"] == "12"
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     assert row["extra_info"]["tools_kwargs"] == {"check_answer": {"ground_truth": "12"}}
-    dataset = RLHFDataset(written["test"], build_tokenizer(), DataConfig(max_prompt_length=512, return_raw_chat=True))
-    batch = dataset.get_batch([0])
     assert batch.non_tensor_batch["agent_name"][0] == "tool_agent"
     assert batch.non_tensor_batch["raw_prompt"][0][1]["content"].startswith("Tom has")
     tools = load_tools(os.path.join(REPO, "examples", "multi_turn", "gsm8k_tools.yaml"))
@@ -76,13 +80,8 @@ def test_gsm8k_interaction_rows_name_the_example_files_interaction(tmp_path):
 
     from verlx.rollout.agent.interaction_config import load_interactions
 
-    source = tmp_path / "test.jsonl"
-    source.write_text(json.dumps({"question": "Tom has 3 bags of 4 apples. How many apples?",
-                                  "answer": "3*4=<<3*4=12>>12\n#### 12"}) + "\n")
-    written = load_script("gsm8k_interaction").main(["--local_dataset_path", str(source),
-                                                     "--local_save_dir", str(tmp_path / "out")])
-    dataset = RLHFDataset(written["test"], build_tokenizer(), DataConfig(max_prompt_length=512, return_raw_chat=True))
-    nt = dataset.get_batch([0]).non_tensor_batch
+    _, batch = preprocess_one_question("gsm8k_interaction", tmp_path)
+    nt = batch.non_tensor_batch
     assert nt["agent_name"][0] == "tool_agent"
     kwargs = nt["extra_info"][0]["interaction_kwargs"]
     assert kwargs == {"name": "gsm8k", "query": "Tom has 3 bags of 4 apples. How many apples?", "ground_truth": "12"}
