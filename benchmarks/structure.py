@@ -49,9 +49,22 @@ def modules(root: str) -> dict[str, str]:
     return out
 
 
-def imports(path: str, top_level_only: bool) -> set[str]:
+def parse(path: str) -> ast.Module:
+    """ast.parse of the file. CPython 3.11 keeps the AST builder's recursion counter per interpreter, so a compile in
+    another thread (a test's leftover compile workers) can make a parse raise "AST constructor recursion depth
+    mismatch" (CPython gh-106905): that parse is repeated, once."""
     with open(path) as f:
-        tree = ast.parse(f.read(), path)
+        source = f.read()
+    try:
+        return ast.parse(source, path)
+    except SystemError as e:
+        if "recursion depth mismatch" not in str(e):
+            raise
+        return ast.parse(source, path)
+
+
+def imports(path: str, top_level_only: bool) -> set[str]:
+    tree = parse(path)
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     found = set()
     for node in nodes:
@@ -70,7 +83,7 @@ def _read(path: str) -> str:
 
 def _code(path: str) -> str:
     """The module's code without comments and docstrings (what it does, not what it says)."""
-    tree = ast.parse(_read(path), path)
+    tree = parse(path)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
@@ -125,7 +138,7 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def long_functions(path: str) -> list[tuple[str, int]]:
     """(name, lines) of every function or method longer than LONG_FUNCTION lines (nested ones on their own)."""
-    tree = ast.parse(_read(path), path)
+    tree = parse(path)
     return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > LONG_FUNCTION]
