@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 
@@ -44,6 +45,22 @@ def test_sglang_user_setting_wins_and_reasons_name_the_missing_library():
     choice = sglang_backends(inv, {})
     assert "sm90" in choice.reasons[0] and "flash_ops" in choice.reasons[0]
     assert "flashinfer-jit-cache" in choice.reasons[1]
+
+
+def test_sglang_vision_tower_leaves_fa3_only_where_the_library_is_missing():
+    """SGLang 0.5.17 gives a vision tower on sm90 FA3 of its own (mm_attention_backend), independent of the text
+    attention_backend: the 2B vision-language run of 2026-11-27 died at its first image on `flash_ops`."""
+    bundle = KernelInventory(HOPPER, sglang_fa3=False, flashinfer=True)
+    choice = sglang_backends(bundle, {}, vision=True)
+    assert choice.args == {"attention_backend": "triton", "sampling_backend": "pytorch",
+                           "mm_attention_backend": "triton_attn"}
+    assert "vision tower" in choice.reasons[2] and "flash_ops" in choice.reasons[2]
+    assert "mm_attention_backend" not in sglang_backends(bundle, {}).args  # a text model
+    assert sglang_backends(bundle, {"mm_attention_backend": "sdpa"}, vision=True).args == {
+        "attention_backend": "triton", "sampling_backend": "pytorch"}
+    complete = KernelInventory(HOPPER, sglang_fa3=True, flashinfer=True, flashinfer_precompiled=True)
+    assert sglang_backends(complete, {}, vision=True).args == {}
+    assert sglang_backends(KernelInventory(AMPERE), {}, vision=True).args == {}  # SGLang picks triton_attn there
 
 
 @pytest.mark.parametrize(
@@ -91,6 +108,17 @@ def test_server_args_take_the_choice_and_the_user_override(tmp_path, caplog):
     args = build_server_args(ctx, layout, fields, base_gpu_id=0, dist_init_addr=None, weights_cpu_backup=True,
                              kernels=bundle)
     assert (args["attention_backend"], args["sampling_backend"]) == ("fa3", "pytorch")
+
+
+def test_server_args_give_a_vision_language_model_a_vision_backend(tmp_path):
+    from transformers import Qwen2VLConfig
+
+    fields = frozenset({"model_path", "attention_backend", "sampling_backend", "mm_attention_backend"})
+    bundle = KernelInventory(HOPPER, sglang_fa3=False, flashinfer=True)
+    ctx = dataclasses.replace(make_ctx(str(tmp_path)), hf_config=Qwen2VLConfig())
+    args = build_server_args(ctx, plan_engine_layout(0, 1, 1, 1, 1), fields, base_gpu_id=0, dist_init_addr=None,
+                             weights_cpu_backup=True, kernels=bundle)
+    assert args["mm_attention_backend"] == "triton_attn"
 
 
 def test_llm_args_take_the_choice_only_where_the_release_has_the_argument(tmp_path):

@@ -78,16 +78,17 @@ def _arch(capability: tuple[int, int] | None) -> str:
     return "no GPU" if capability is None else f"sm{capability[0]}{capability[1]}"
 
 
-def sglang_backends(inv: KernelInventory, user_args: dict) -> BackendChoice:
-    """attention_backend / sampling_backend for sglang.Engine, unless the user set them."""
+def sglang_backends(inv: KernelInventory, user_args: dict, vision: bool = False) -> BackendChoice:
+    """attention_backend / sampling_backend for sglang.Engine (and mm_attention_backend for a vision-language
+    model's vision tower), unless the user set them."""
     choice = BackendChoice()
     major = inv.capability[0] if inv.capability else None
     jit_only = inv.flashinfer and not inv.flashinfer_precompiled
+    fa3_missing = f"{_arch(inv.capability)}: SGLang's default FA3 needs sgl_kernel's flash_ops library, which is " \
+                  "not installed"
     if "attention_backend" not in user_args:
         if major == 9 and not inv.sglang_fa3:
-            choice.choose("attention_backend", "triton",
-                          f"{_arch(inv.capability)}: SGLang's default FA3 needs sgl_kernel's flash_ops library, "
-                          "which is not installed")
+            choice.choose("attention_backend", "triton", fa3_missing)
         elif major is not None and major not in (9, 10) and jit_only:
             choice.choose("attention_backend", "triton",
                           f"{_arch(inv.capability)}: SGLang's default there, flashinfer, has no precompiled kernels "
@@ -96,6 +97,8 @@ def sglang_backends(inv: KernelInventory, user_args: dict) -> BackendChoice:
         choice.choose("sampling_backend", "pytorch",
                       "flashinfer has no precompiled kernels here (flashinfer-jit-cache / flashinfer-cubin not "
                       "installed) and would JIT-compile its sampling kernels")
+    if vision and "mm_attention_backend" not in user_args and major == 9 and not inv.sglang_fa3:
+        choice.choose("mm_attention_backend", "triton_attn", f"the vision tower's attention; {fa3_missing}")
     return choice
 
 

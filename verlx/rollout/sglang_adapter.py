@@ -14,6 +14,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from verlx.models.vision import vision_language_model
 from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.engine_layout import EngineLayout
 from verlx.rollout.engine_versions import at_least
@@ -161,7 +162,7 @@ def build_server_args(
         log_level="error",
     )
     user = {k: v for k, v in dict(cfg.engine_kwargs.sglang or {}).items() if v is not None}
-    backends = sglang_backends(kernels, user)
+    backends = sglang_backends(kernels, user, vision=vision_language_model(ctx.hf_config) is not None)
     ours.update(backends.args)
     if backends.reasons:
         logger.warning("sglang: choosing %s; set %s.<key> to override", "; ".join(backends.reasons), ENGINE_KWARGS_KEY)
