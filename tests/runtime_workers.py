@@ -32,6 +32,10 @@ class EchoWorker(Worker):
                 "master": (self.master_addr, self.master_port), "local_rank": self.local_rank}
 
     @register(Dispatch.ONE_TO_ALL)
+    def environment(self, names: list[str]) -> list[str | None]:
+        return [os.environ.get(name) for name in names]
+
+    @register(Dispatch.ONE_TO_ALL)
     def add(self, value: int):
         self.state += value
         return self.state
@@ -131,6 +135,7 @@ class CriticLikeWorker(Worker):
 
 class EchoGroup(RayWorkerGroup):
     whoami = group_method(EchoWorker.whoami)
+    environment = group_method(EchoWorker.environment)
     add = group_method(EchoWorker.add)
     take_mine = group_method(EchoWorker.take_mine)
     double = group_method(EchoWorker.double)

@@ -49,8 +49,7 @@ def test_verls_keys_select_phases_steps_and_ranks(tmp_path):
 
 
 def test_unsupported_profiler_settings_are_refused_before_ray():
-    cfg = config_from("global_profiler.tool=nsys", "global_profiler.steps=[1]",
-                      "global_profiler.global_tool_config.nsys.discrete=True",
+    cfg = config_from("global_profiler.tool=precision_debugger", "global_profiler.steps=[1]",
                       "actor_rollout_ref.actor.profiler.enable=True", "critic.profiler.enable=true",
                       "critic.profiler.tool=npu", "critic.profiler.ranks=[0,9]",
                       "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda,flops]",
@@ -58,8 +57,9 @@ def test_unsupported_profiler_settings_are_refused_before_ray():
     with pytest.raises(ConfigError) as e:
         validate(cfg, check_files=False)
     text = str(e.value)
-    assert "global_profiler.tool=nsys: verlx profiles with torch" in text
-    assert "critic.profiler.tool=npu: verlx profiles with torch" in text
+    assert "global_profiler.tool=precision_debugger: verlx profiles with torch or nsys" in text
+    assert "critic.profiler.tool=npu: verlx profiles with torch or nsys" in text
+    assert "Set critic.profiler.tool=torch or critic.profiler.tool=nsys" in text
     assert "critic.profiler.ranks=[0, 9]: ranks [9] do not exist among the 8 workers" in text
     assert "contents: ['flops'] are not among" in text
     rollout = config_from("global_profiler.tool=torch", "global_profiler.steps=[1]",
@@ -78,7 +78,7 @@ def test_profiling_that_would_trace_nothing_warns():
 
 @pytest.fixture
 def fresh_profiler(monkeypatch):
-    for name, value in (("_calls", profiling.Counter()), ("_plan", None), ("_step", None)):
+    for name, value in (("_calls", profiling.Counter()), ("_plan", None), ("_step", None), ("_recorders", {})):
         monkeypatch.setattr(profiling, name, value)
     monkeypatch.delenv(profiling.DIR_ENV, raising=False)
 

@@ -1,12 +1,23 @@
 """Typed config of veRL's profiler keys (global_profiler, and the profiler section of every role): mapped onto
-verlx's phase profiler (workers/profiling.py), which traces phases with torch.profiler."""
+verlx's phase profiler (workers/profiling.py), which records phases with torch.profiler or Nsight Systems."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 # global_profiler.tool / <role>.profiler.tool: what verlx runs; veRL's others are refused naming these
-PROFILER_TOOLS = ("torch",)
+PROFILER_TOOLS = ("torch", "nsys")
+# `nsys profile` options as Ray's runtime_env `nsight` field takes them: option name (without dashes) → value
+NsightOptions = dict[str, str | int | float | bool | None]
+
+
+def _controller_nsight_options() -> NsightOptions:
+    return {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true", "cuda-graph-trace": "graph"}
+
+
+def _worker_nsight_options() -> NsightOptions:
+    return {**_controller_nsight_options(), "capture-range": "cudaProfilerApi", "capture-range-end": None,
+            "kill": "none"}
 
 
 @dataclass
@@ -15,8 +26,15 @@ class NsysToolConfig:
 
 
 @dataclass
+class GlobalNsysConfig:
+    discrete: bool = False
+    controller_nsight_options: NsightOptions = field(default_factory=_controller_nsight_options)
+    worker_nsight_options: NsightOptions = field(default_factory=_worker_nsight_options)
+
+
+@dataclass
 class GlobalToolConfig:
-    nsys: NsysToolConfig = field(default_factory=NsysToolConfig)
+    nsys: GlobalNsysConfig = field(default_factory=GlobalNsysConfig)
 
 
 @dataclass

@@ -56,11 +56,19 @@ from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, Worker
 from verlx.workers.critic_worker import CriticWorker
 from verlx.workers.engine import engine_class
 from verlx.workers.groups import ROLE_GROUPS, ActorRolloutRefGroup, CriticGroup
-from verlx.workers.profile_plan import profile_plan
+from verlx.workers.profile_plan import profile_plan, worker_nsight_options
 from verlx.workers.reward_model_worker import RewardModelWorker
 
 logger = logging.getLogger(__name__)
 SUMMED_REWARD_METRICS = ("reward/errors", "reward/timeouts")
+
+
+def trainer_worker_class(config: PPOConfig, roles: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
+    """The one actor class of the trainer's colocated roles; its actors run under `nsys profile` (Ray's runtime_env
+    nsight) when a role's phases are recorded with Nsight Systems (global_profiler.tool=nsys)."""
+    workers = create_colocated_worker_cls(roles)
+    nsight = worker_nsight_options(config)
+    return workers.with_runtime_env(nsight=nsight) if nsight else workers
 
 
 class RayPPOTrainer:
@@ -111,7 +119,7 @@ class RayPPOTrainer:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=self.config)
         if self.config.reward_model.enable:
             roles["reward_model"] = RayClassWithInitArgs(RewardModelWorker, config=self.config)
-        self.worker_group = RayWorkerGroup(self.resource_pool, create_colocated_worker_cls(roles), name="verlx")
+        self.worker_group = RayWorkerGroup(self.resource_pool, trainer_worker_class(self.config, roles), name="verlx")
         logger.info("trainer workers (%s): %s", "+".join(roles), self.worker_group.placement())
         views = self.worker_group.spawn({name: ROLE_GROUPS[name] for name in roles})
         for view in views.values():

@@ -32,7 +32,7 @@ from verlx.workers.engine import ModelSpec, engine_class
 from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
 from verlx.workers.perf import PhaseTimer
-from verlx.workers.profiling import StepProfiling
+from verlx.workers.profiling import StepProfiling, finish_profiling
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,9 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         return model_path
 
     def close(self) -> None:
-        """The rollout engine stops its server, if it started one (its log removed: a clean stop)."""
+        """The rollout engine stops its server, if it started one (its log removed: a clean stop); an Nsight capture
+        range still open over the last profiled step ends (workers/nsight.py)."""
+        finish_profiling()
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None

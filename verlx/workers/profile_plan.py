@@ -1,18 +1,25 @@
-"""veRL's profiler keys → the phases, steps and ranks verlx's phase profiler traces (workers/profiling.py).
+"""veRL's profiler keys → the phases, steps and ranks verlx's phase profiler records (workers/profiling.py).
 
 global_profiler.{tool, steps, save_path} and each role's profiler section {enable, all_ranks, ranks, save_path,
-tool_config.torch.contents} pick what is traced: a role's phases (ROLE_PHASES) at the listed training steps, on its
-ranks (all_ranks; ranks; rank 0 when enabled with none, as veRL does). verlx's tool is torch.profiler, one trace per
-phase call (veRL's discrete=true); the other tools are refused naming it.
+tool_config} pick what is recorded: a role's phases (ROLE_PHASES) at the listed training steps, on its ranks
+(all_ranks; ranks; rank 0 when enabled with none, as veRL does), with the role's tool. The selection is the same for
+every tool; only the recorder differs: torch writes a torch.profiler trace per phase call (veRL's discrete=true),
+nsys marks the calls for Nsight Systems (workers/nsight.py). veRL's other tools are refused naming these two.
 """
 
 from __future__ import annotations
 
+import shutil
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from verlx.config.loader import Findings
 from verlx.config.profiler import PROFILER_TOOLS
 from verlx.utils.paths import expand_path
+
+if TYPE_CHECKING:
+    import torch
 
 # the verlx phases (their metric names) each veRL profiler section covers
 ROLE_PHASES = {
@@ -31,12 +38,39 @@ class PhaseRequest:
     directory: str
     ranks: frozenset[int] | None  # None: every rank
     contents: frozenset[str]
+    tool: str
+    discrete: bool  # the role's tool_config.<tool>.discrete (torch writes one trace per call either way)
+
+
+@dataclass(frozen=True)
+class ProfiledCall:
+    """One call of a phase that is to be recorded, and how."""
+
+    phase: str
+    rank: int
+    step: int | None  # None: selected by the VERLX_PROFILE_* environment, not by step
+    call: int  # which call of the phase (in its step, or in the run)
+    name: str  # <phase>_step<N>_rank<R>[_<call>] or <phase>_call<N>_rank<R>: the torch trace's file stem
+    directory: str
+    contents: frozenset[str]
+    discrete: bool = True
+
+
+class PhaseRecorder(Protocol):
+    """What records a tool's profiled calls in a worker process (workers/profiling.RECORDERS)."""
+
+    def record(self, call: ProfiledCall, device: torch.device) -> AbstractContextManager: ...
+
+    def step_starts(self, step: int, plan: ProfilePlan) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 @dataclass(frozen=True)
 class ProfilePlan:
     steps: frozenset[int]
     phases: dict[str, PhaseRequest]
+    continuous: bool  # global_profiler.profile_continuous_steps
 
     def request(self, phase: str, step: int | None, rank: int) -> PhaseRequest | None:
         wanted = self.phases.get(phase)
@@ -68,9 +102,18 @@ def profile_plan(config) -> ProfilePlan | None:
         if not section.enable or section.tool is None:
             continue
         directory = expand_path(section.save_path or config.global_profiler.save_path, absolute=True)
-        request = PhaseRequest(directory, _ranks(section), frozenset(section.tool_config.torch.contents))
+        tool_config = getattr(section.tool_config, section.tool, None)
+        request = PhaseRequest(directory, _ranks(section), frozenset(section.tool_config.torch.contents),
+                               section.tool, getattr(tool_config, "discrete", True))
         phases.update({phase: request for phase in ROLE_PHASES[key]})
-    return ProfilePlan(frozenset(steps), phases) if phases else None
+    if not phases:
+        return None
+    return ProfilePlan(frozenset(steps), phases, config.global_profiler.profile_continuous_steps)
+
+
+def nsys_phases(plan: ProfilePlan | None) -> list[str]:
+    """The phases the plan records with Nsight Systems."""
+    return [] if plan is None else [phase for phase, r in plan.phases.items() if r.tool == "nsys"]
 
 
 def check_profiler(config, f: Findings, world_size: int) -> None:
@@ -97,6 +140,7 @@ def check_profiler(config, f: Findings, world_size: int) -> None:
         f.require(config.actor_rollout_ref.hybrid_engine,
                   "actor_rollout_ref.rollout.profiler.enable=true with actor_rollout_ref.hybrid_engine=false: verlx "
                   "profiles the rollout engines colocated with the actor only; profile the trainer's roles instead")
+    check_nsys(config, f)
     if enabled and not g.steps:
         f.warnings.append(f"the profiler of {', '.join(enabled)} is enabled but global_profiler.steps is null: "
                           "nothing is profiled (set e.g. global_profiler.steps=[1,2])")
@@ -105,10 +149,40 @@ def check_profiler(config, f: Findings, world_size: int) -> None:
                           "(e.g. actor_rollout_ref.actor.profiler.enable=true)")
 
 
+def check_nsys(config, f: Findings) -> None:
+    """tool=nsys records CUDA activity of workers Ray starts under `nsys profile`: a CUDA run, nsys on PATH."""
+    nsys_roles = [key for key, s in role_sections(config).items() if s.enable and s.tool == "nsys"]
+    if not nsys_roles or not config.global_profiler.steps:
+        return
+    key = "global_profiler.tool" if config.global_profiler.tool == "nsys" else f"{nsys_roles[0]}.profiler.tool"
+    f.require(config.trainer.device == "cuda", f"{key}=nsys with trainer.device={config.trainer.device}: Nsight "
+              f"Systems records CUDA workers; run on GPUs (trainer.device=cuda) or set {key}=torch")
+    f.require(shutil.which("nsys") is not None, f"{key}=nsys: the nsys command (Nsight Systems) is not on PATH; "
+              f"install Nsight Systems on every node and put nsys on PATH, or set {key}=torch")
+
+
 def _tool_problem(key: str, tool) -> str:
-    return (f"{key}={tool}: verlx profiles with {', '.join(PROFILER_TOOLS)} (torch.profiler traces of each phase, "
-            "workers/profiling.py); Nsight Systems, NPU, torch_memory and precision_debugger profiling are not "
-            f"supported. Set {key}=torch")
+    return (f"{key}={tool}: verlx profiles with {' or '.join(PROFILER_TOOLS)} (torch.profiler traces, or Nsight "
+            "Systems ranges, of each phase: workers/profiling.py); NPU, torch_memory and precision_debugger "
+            f"profiling are not supported. Set {key}=torch or {key}=nsys")
+
+
+def worker_nsight_options(config) -> dict[str, str] | None:
+    """Ray's runtime_env `nsight` field for the trainer's workers when a phase is recorded with nsys, else None:
+    global_profiler.global_tool_config.nsys.worker_nsight_options, null options left out, capture-range-end null
+    read as repeat (one report per capture range until the worker exits: veRL's repeat-shutdown:<6 × steps> would
+    stop early where more than six phase calls a step are recorded, as on a worker of actor, ref and critic)."""
+    if not nsys_phases(profile_plan(config)):
+        return None
+    options = dict(config.global_profiler.global_tool_config.nsys.worker_nsight_options)
+    if options.get("capture-range-end") is None:
+        options["capture-range-end"] = "repeat"
+    return {name: _option_text(value) for name, value in options.items() if value is not None}
+
+
+def _option_text(value) -> str:
+    """An nsys option's value as its command line takes it (Hydra reads `true` as a boolean)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def profiler_notes(config) -> list[str]:
@@ -116,14 +190,50 @@ def profiler_notes(config) -> list[str]:
     plan = profile_plan(config)
     if plan is None:
         return []
-    phases = ", ".join(f"{phase} (ranks {'all' if r.ranks is None else sorted(r.ranks)})"
-                       for phase, r in plan.phases.items())
-    directories = sorted({r.directory for r in plan.phases.values()})
-    notes = [f"profiler keys → verlx's phase profiler: {phases} at steps {sorted(plan.steps)}, traced with "
-             f"torch.profiler into {', '.join(directories)} as <phase>_step<N>_rank<R>.json with a _summary.json"]
+    notes = []
+    for tool, notes_of in TOOL_NOTES.items():
+        phases = {phase: r for phase, r in plan.phases.items() if r.tool == tool}
+        if phases:
+            notes += notes_of(config, plan, phases)
+    return notes
+
+
+def _selection(plan: ProfilePlan, phases: dict[str, PhaseRequest]) -> str:
+    listed = ", ".join(f"{phase} (ranks {'all' if r.ranks is None else sorted(r.ranks)})"
+                       for phase, r in phases.items())
+    return f"{listed} at steps {sorted(plan.steps)}"
+
+
+def _torch_notes(config, plan: ProfilePlan, phases: dict[str, PhaseRequest]) -> list[str]:
+    directories = sorted({r.directory for r in phases.values()})
+    notes = [f"profiler keys → verlx's phase profiler: {_selection(plan, phases)}, traced with torch.profiler into "
+             f"{', '.join(directories)} as <phase>_step<N>_rank<R>.json with a _summary.json"]
     discrete_off = [key for key, s in role_sections(config).items()
-                    if s.enable and s.tool is not None and not s.tool_config.torch.discrete]
+                    if s.enable and s.tool == "torch" and not s.tool_config.torch.discrete]
     if discrete_off or config.global_profiler.profile_continuous_steps:
         notes.append("profiler tool_config.torch.discrete=false / global_profiler.profile_continuous_steps (veRL: one "
                      "trace over a whole step or several): verlx writes one trace per phase and step")
     return notes
+
+
+def _nsys_notes(config, plan: ProfilePlan, phases: dict[str, PhaseRequest]) -> list[str]:
+    options = " ".join(f"--{name}={value}" for name, value in worker_nsight_options(config).items())
+    per_call = sorted(phase for phase, r in phases.items() if r.discrete)
+    per_step = sorted(phase for phase, r in phases.items() if not r.discrete)
+    ranges = [f"one capture range per call of {', '.join(per_call)} (discrete=true)"] if per_call else []
+    if per_step:
+        span = "consecutive profiled steps" if plan.continuous else "each profiled step"
+        ranges.append(f"one capture range over {span} for {', '.join(per_step)} (discrete=false: from the step's "
+                      "first recorded phase until the driver starts the next step, or the worker closes)")
+    return [f"profiler keys → Nsight Systems: {_selection(plan, phases)}; the trainer's worker processes run under "
+            f"`nsys profile {options}` (Ray's runtime_env nsight), each recorded phase call an NVTX range "
+            f"<phase>_step<N>, {'; '.join(ranges)}. Ray writes the reports as worker_process_<pid>[.<n>].nsys-rep "
+            "into logs/nsight/ of its session directory on each worker's node (/tmp/ray/session_latest/logs/nsight "
+            f"with Ray's default temp directory), not into save_path",
+            "global_profiler.global_tool_config.nsys.controller_nsight_options is not used: verlx's driver is the "
+            "process you launched, not a Ray actor; to profile it too, launch it under `nsys profile` with those "
+            "options"]
+
+
+# what each tool's notes say (profiler_notes)
+TOOL_NOTES = {"torch": _torch_notes, "nsys": _nsys_notes}

@@ -9,8 +9,9 @@ Off unless VERLX_PROFILE_DIR is set in the workers' environment (the driver pass
 
 veRL's profiler keys (global_profiler.steps, each role's profiler section) select phases by training step instead
 (workers/profile_plan.py): the driver tells the workers each step's number (`set_profile_step`), and a selected
-phase writes `<phase>_step<n>_rank<r>.json` (a second call in one step, e.g. DAPO's extra generation rounds, adds
-`_2`, `_3`, ...).
+phase is recorded by its role's tool (RECORDERS): torch writes `<phase>_step<n>_rank<r>.json` (a second call in one
+step, e.g. DAPO's extra generation rounds, adds `_2`, `_3`, ...); nsys marks the call for Nsight Systems
+(workers/nsight.py) and runs no torch.profiler.
 
 A profiled call writes `<phase>_call<n>_rank<r>.json` (a Chrome trace: chrome://tracing or Perfetto) and
 `<phase>_call<n>_rank<r>_summary.json`: the phase's wall time; the device's busy time (the union of its kernel
@@ -33,7 +34,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from verlx.single_controller import Dispatch, register
-from verlx.workers.profile_plan import ProfilePlan, profile_plan
+from verlx.workers.nsight import NsightRanges
+from verlx.workers.profile_plan import PhaseRecorder, ProfiledCall, ProfilePlan, profile_plan
 
 logger = logging.getLogger(__name__)
 DIR_ENV, PHASES_ENV, CALLS_ENV, RANKS_ENV = ("VERLX_PROFILE_DIR", "VERLX_PROFILE_PHASES", "VERLX_PROFILE_CALLS",
@@ -53,6 +55,8 @@ _calls: Counter = Counter()
 # the profiler keys' plan of this process and the training step running (set_profile_step)
 _plan: ProfilePlan | None = None
 _step: int | None = None
+# this process's recorder of each tool, made at its first recorded call
+_recorders: dict[str, PhaseRecorder] = {}
 
 
 class StepProfiling:
@@ -66,16 +70,25 @@ class StepProfiling:
 
 
 def start_step(config, step: int) -> None:
-    """Training step `step` starts in this process: phases selected by global_profiler.steps are traced."""
+    """Training step `step` starts in this process: phases selected by global_profiler.steps are recorded."""
     global _plan, _step
     if _plan is None:
         _plan = profile_plan(config)
     _step = int(step)
+    if _plan is not None:
+        for recorder in _recorders.values():
+            recorder.step_starts(_step, _plan)
 
 
-def _wanted(phase: str, rank: int) -> tuple[str, str, frozenset[str], int] | None:
-    """(directory, file stem, tool_config.torch.contents, call number) when this call of `phase` on `rank` is to be
-    profiled: by the profiler keys' plan when it has one, else by the VERLX_PROFILE_* environment."""
+def finish_profiling() -> None:
+    """The worker closes: recorders end what spans phases (an Nsight capture range over a step)."""
+    for recorder in _recorders.values():
+        recorder.finish()
+
+
+def _wanted(phase: str, rank: int) -> tuple[str, ProfiledCall] | None:
+    """(tool, the call) when this call of `phase` on `rank` is to be recorded: by the profiler keys' plan when it
+    has one, else by the VERLX_PROFILE_* environment (torch)."""
     if _plan is not None:
         request = _plan.request(phase, _step, rank)
         if request is None:
@@ -83,7 +96,8 @@ def _wanted(phase: str, rank: int) -> tuple[str, str, frozenset[str], int] | Non
         _calls[(phase, _step)] += 1
         repeat = _calls[(phase, _step)]
         name = f"{phase}_step{_step}_rank{rank}" + (f"_{repeat}" if repeat > 1 else "")
-        return request.directory, name, request.contents, repeat
+        return request.tool, ProfiledCall(phase, rank, _step, repeat, name, request.directory, request.contents,
+                                          request.discrete)
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return None
@@ -92,17 +106,21 @@ def _wanted(phase: str, rank: int) -> tuple[str, str, frozenset[str], int] | Non
     calls = [int(c) for c in os.environ.get(CALLS_ENV, "2").split(",")]
     ranks = [int(r) for r in os.environ.get(RANKS_ENV, "0").split(",")]
     if phase in phases and _calls[phase] in calls and rank in ranks:
-        return directory, f"{phase}_call{_calls[phase]}_rank{rank}", frozenset(), _calls[phase]
+        call = _calls[phase]
+        return "torch", ProfiledCall(phase, rank, None, call, f"{phase}_call{call}_rank{rank}", directory, frozenset())
     return None
 
 
 def phase_profile(phase: str, rank: int, device: torch.device):
-    """A context that profiles this call of `phase` when the profiler keys or the environment ask for it (else does
+    """A context that records this call of `phase` when the profiler keys or the environment ask for it (else does
     nothing)."""
     wanted = _wanted(phase, rank)
     if wanted is None:
         return nullcontext()
-    return _profiled(phase, rank, device, *wanted)
+    tool, call = wanted
+    if tool not in _recorders:
+        _recorders[tool] = RECORDERS[tool]()
+    return _recorders[tool].record(call, device)
 
 
 def profiler_arguments(device: torch.device, contents: frozenset[str]) -> dict:
@@ -116,29 +134,41 @@ def profiler_arguments(device: torch.device, contents: frozenset[str]) -> dict:
             "with_stack": "stack" in contents}
 
 
-@contextmanager
-def _profiled(phase: str, rank: int, device: torch.device, directory: str, name: str, contents: frozenset[str],
-              call: int):
-    from torch._dynamo.utils import counters
-    from torch.profiler import profile
+class TorchTrace:
+    """tool=torch: a torch.profiler trace of each recorded call, with its summary; nothing spans calls."""
 
-    graphs_before = counters["stats"]["unique_graphs"]
-    start = time.perf_counter()
-    with profile(**profiler_arguments(device, contents)) as prof:
-        yield
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    wall = time.perf_counter() - start
-    os.makedirs(directory, exist_ok=True)
-    stem = os.path.join(directory, name)
-    prof.export_chrome_trace(f"{stem}.json")
-    summary = summarize(prof.events(), wall)
-    summary.update(phase=phase, call=call, rank=rank, step=_step, trace=name,
-                   compiled_graphs=counters["stats"]["unique_graphs"] - graphs_before)
-    with open(f"{stem}_summary.json", "w") as f:
-        json.dump(summary, f, indent=1)
-    logger.info("profiled %s (%s): %.3f s wall, device busy %.3f s, %d host syncs; %s_summary.json",
-                phase, name, wall, summary["device_busy_s"], sum(summary["host_syncs"].values()), stem)
+    @contextmanager
+    def record(self, call: ProfiledCall, device: torch.device):
+        from torch._dynamo.utils import counters
+        from torch.profiler import profile
+
+        graphs_before = counters["stats"]["unique_graphs"]
+        start = time.perf_counter()
+        with profile(**profiler_arguments(device, call.contents)) as prof:
+            yield
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        wall = time.perf_counter() - start
+        os.makedirs(call.directory, exist_ok=True)
+        stem = os.path.join(call.directory, call.name)
+        prof.export_chrome_trace(f"{stem}.json")
+        summary = summarize(prof.events(), wall)
+        summary.update(phase=call.phase, call=call.call, rank=call.rank, step=call.step, trace=call.name,
+                       compiled_graphs=counters["stats"]["unique_graphs"] - graphs_before)
+        with open(f"{stem}_summary.json", "w") as f:
+            json.dump(summary, f, indent=1)
+        logger.info("profiled %s (%s): %.3f s wall, device busy %.3f s, %d host syncs; %s_summary.json",
+                    call.phase, call.name, wall, summary["device_busy_s"], sum(summary["host_syncs"].values()), stem)
+
+    def step_starts(self, step: int, plan: ProfilePlan) -> None:
+        """Each trace ends with its call: nothing to end when a step starts."""
+
+    def finish(self) -> None:
+        """Each trace ends with its call: nothing to end when the worker closes."""
+
+
+# the recorder of each profiler tool (global_profiler.tool, <role>.profiler.tool; config/profiler.PROFILER_TOOLS)
+RECORDERS: dict[str, type[PhaseRecorder]] = {"torch": TorchTrace, "nsys": NsightRanges}
 
 
 def _has_ancestor(event, names: frozenset) -> bool:

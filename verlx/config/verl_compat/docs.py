@@ -88,7 +88,8 @@ does not divide. The refusal families that block the most commands (commands blo
   among them the retool recipe's own sandbox tool, `recipe.retool.retool.CustomSandboxFusionTool`), megatron
   CPU offload (5; 0), profiler tools other than torch (5; 5), multi-turn tools on vLLM without async (5; 0), the agent
   loop with vision-language models (4; 3), DeepEP options (3; 0), the vision-language architecture Qwen3-VL (3; 3).
-  Interactions (simulated users), which blocked 4 scripts (3 alone), are supported now: those 3 pass.
+  Interactions (simulated users), which blocked 4 scripts (3 alone), are supported now: those 3 pass. Nsight
+  Systems (`global_profiler.tool=nsys`) is run since (docs/benchmarks.md); not re-measured here.
 - 2026-08: Ascend NPUs (14; 8), transformer-engine options (10; 5), veRL's own classes (10; 4), VeOmni (8; 8),
   expert-parallel rollout engines (7; 1), the vision-language architectures Qwen3.5 (6; 6) and Qwen3-VL (5; 5),
   on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0),

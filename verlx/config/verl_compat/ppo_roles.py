@@ -19,7 +19,7 @@ def role_profiler_rows(section: str) -> list:
     """A role's profiler keys that verlx's phase profiler has no use for (ppo_run.profiler_rows, and the tools')."""
     from verlx.config.verl_compat.ppo_run import profiler_rows
 
-    tools = "which verlx refuses as the profiler tool, naming torch"
+    tools = "which verlx refuses as the profiler tool, naming torch and nsys"
     return [
         *profiler_rows(section),
         Ignored(f"{section}.tool_config.npu", f"read only by the Ascend NPU profiler, {tools}"),

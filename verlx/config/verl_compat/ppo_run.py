@@ -26,7 +26,8 @@ def _reward_model_rows(section: str) -> list:
 def profiler_rows(section: str) -> list:
     """veRL's profiler keys that verlx's phase profiler (workers/profiling.py) has no use for."""
     return [
-        Ignored(f"{section}.relocate_results", "verlx writes every trace into save_path itself"),
+        Ignored(f"{section}.relocate_results", "verlx writes every torch trace into save_path itself; Nsight "
+                "reports (tool=nsys) stay where Ray writes them, logs/nsight/ of its session directory"),
         Refused(f"{section}.finish_hook_cmd", "a shell command run after profiling (finish_hook_cmd)"),
         Ignored(f"{section}.finish_hook_all_ranks", "read only with finish_hook_cmd, which verlx refuses"),
         Ignored(f"{section}.finish_hook_ranks", "read only with finish_hook_cmd, which verlx refuses"),
@@ -105,8 +106,9 @@ TRAINER = [
 
 RUN_WIDE = [
     *profiler_rows("global_profiler"),
-    Ignored("global_profiler.global_tool_config", "settings of veRL's other profiler tools (nsys, torch_memory, "
-            "precision_debugger), which verlx refuses as global_profiler.tool, naming torch"),
+    *[Ignored(f"global_profiler.global_tool_config.{tool}", f"settings of veRL's {tool} profiler, which verlx "
+              "refuses as global_profiler.tool, naming torch and nsys")
+      for tool in ("torch_memory", "precision_debugger")],
     Refused("distillation", "on-policy distillation (teacher models)", switch="distillation.enabled"),
     Refused("transfer_queue", "TransferQueue", switch="transfer_queue.enable"),
     Refused("skip.rollout", "rollout skipping (replaying dumped rollouts)", switch="skip.rollout.enable"),

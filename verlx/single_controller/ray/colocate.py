@@ -46,4 +46,5 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
     WorkerDict.__qualname__ = WorkerDict.__name__ = "WorkerDict_" + "_".join(class_dict)
 
     env = functools.reduce(lambda acc, rc: {**acc, **rc.env_vars}, class_dict.values(), {})
-    return RayClassWithInitArgs(WorkerDict).with_env(**env)
+    fields = functools.reduce(lambda acc, rc: {**acc, **rc.runtime_env}, class_dict.values(), {})
+    return RayClassWithInitArgs(WorkerDict).with_env(**env).with_runtime_env(**fields)

@@ -35,11 +35,24 @@ class RayClassWithInitArgs:
     def __init__(self, cls: type, *args, **kwargs):
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.env_vars: dict[str, str] = {}
+        #: runtime_env fields of every actor besides env_vars (e.g. nsight), on top of ray.init's runtime_env
+        self.runtime_env: dict[str, Any] = {}
         self.max_concurrency = 1
 
     def with_env(self, **env_vars: str) -> RayClassWithInitArgs:
         self.env_vars.update({k: str(v) for k, v in env_vars.items()})
         return self
+
+    def with_runtime_env(self, **fields: Any) -> RayClassWithInitArgs:
+        """Start every actor with these runtime_env fields (e.g. nsight=<nsys profile options>)."""
+        self.runtime_env.update(fields)
+        return self
+
+    def actor_runtime_env(self, env_vars: dict[str, str]) -> dict[str, Any]:
+        """One actor's runtime_env: its environment variables and the fields given with with_runtime_env. Ray lays it
+        over ray.init's runtime_env (ray_kwargs.ray_init.runtime_env and verlx's variables): fields named here win,
+        env_vars are merged."""
+        return {**self.runtime_env, "env_vars": env_vars}
 
     def with_concurrency(self, calls: int) -> RayClassWithInitArgs:
         """Let each actor run up to `calls` method calls at once (threads), e.g. an interrupt beside a generation."""
@@ -194,7 +207,7 @@ class RayWorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
                 ),
-                runtime_env={"env_vars": env},
+                runtime_env=rcls.actor_runtime_env(env),
                 max_restarts=0,
                 **({"max_concurrency": rcls.max_concurrency} if rcls.max_concurrency > 1 else {}),
                 **pool.actor_resources(),
