@@ -86,10 +86,13 @@ does not divide. The refusal families that block the most commands (commands blo
 
 - 2026-01: transformer-engine options (10; 4), veRL's own tool, agent-loop and reward-manager classes (10; 4;
   among them the retool recipe's own sandbox tool, `recipe.retool.retool.CustomSandboxFusionTool`), megatron
-  CPU offload (5; 0), profiler tools other than torch (5; 5), multi-turn tools on vLLM without async (5; 0), the agent
-  loop with vision-language models (4; 3), DeepEP options (3; 0), the vision-language architecture Qwen3-VL (3; 3).
-  Interactions (simulated users), which blocked 4 scripts (3 alone), are supported now: those 3 pass. Nsight
-  Systems (`global_profiler.tool=nsys`) is run since (docs/benchmarks.md); not re-measured here.
+  CPU offload (5; 0), multi-turn tools on vLLM without async (5; 0), the agent loop with vision-language models (4;
+  3), DeepEP options (3; 0), profiler tools verlx lacks (npu, torch_memory: 3; 3), the vision-language architecture
+  Qwen3-VL (3; 3), Nsight Systems not installed here (2; 2). Interactions (simulated users), which blocked 4 scripts
+  (3 alone), are supported now: those 3 pass. `global_profiler.tool=nsys` runs since 2026-11-27 (CPU-tested,
+  docs/benchmarks.md): the two nsys scripts are refused here only because this CPU machine has no `nsys` on PATH
+  (their one problem; re-measured 2026-11-27 with the same totals), so on a machine with Nsight Systems installed
+  the 2026-01 figure is 132 / 201.
 - 2026-08: Ascend NPUs (14; 8), transformer-engine options (10; 5), veRL's own classes (10; 4), VeOmni (8; 8),
   expert-parallel rollout engines (7; 1), the vision-language architectures Qwen3.5 (6; 6) and Qwen3-VL (5; 5),
   on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0),
