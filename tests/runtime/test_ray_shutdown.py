@@ -18,7 +18,9 @@ SCRIPT = textwrap.dedent("""
 
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     with signals_blocked_in_children(STOP_SIGNALS):
-        ray.init(num_cpus=1, include_dashboard=True)
+        # "local": a new instance, never the `ray start` cluster test_ray_cluster.py may have up in the other
+        # pytest worker (a bare ray.init joins it: "num_cpus and num_gpus must not be provided", CI 2026-11-27)
+        ray.init(address="local", num_cpus=1, include_dashboard=True)
     ray_pids = [p.pid for p in psutil.Process().children(recursive=True) if p.pid != bystander.pid]
     shutdown_ray()
     alive = [pid for pid in ray_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
