@@ -53,8 +53,7 @@ def parse(path: str) -> ast.Module:
     """ast.parse of the file. CPython 3.11 keeps the AST builder's recursion counter per interpreter, so a compile in
     another thread (a test's leftover compile workers) can make a parse raise "AST constructor recursion depth
     mismatch" (CPython gh-106905): that parse is repeated, once."""
-    with open(path) as f:
-        source = f.read()
+    source = _read(path)
     try:
         return ast.parse(source, path)
     except SystemError as e:

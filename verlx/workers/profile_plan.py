@@ -111,11 +111,6 @@ def profile_plan(config) -> ProfilePlan | None:
     return ProfilePlan(frozenset(steps), phases, config.global_profiler.profile_continuous_steps)
 
 
-def nsys_phases(plan: ProfilePlan | None) -> list[str]:
-    """The phases the plan records with Nsight Systems."""
-    return [] if plan is None else [phase for phase, r in plan.phases.items() if r.tool == "nsys"]
-
-
 def check_profiler(config, f: Findings, world_size: int) -> None:
     """Tools verlx has, steps and ranks that exist, contents torch.profiler records; warnings when the keys set
     would trace nothing (veRL then traces nothing too)."""
@@ -172,8 +167,13 @@ def worker_nsight_options(config) -> dict[str, str] | None:
     global_profiler.global_tool_config.nsys.worker_nsight_options, null options left out, capture-range-end null
     read as repeat (one report per capture range until the worker exits: veRL's repeat-shutdown:<6 × steps> would
     stop early where more than six phase calls a step are recorded, as on a worker of actor, ref and critic)."""
-    if not nsys_phases(profile_plan(config)):
+    plan = profile_plan(config)
+    if plan is None or all(r.tool != "nsys" for r in plan.phases.values()):
         return None
+    return _nsight_options(config)
+
+
+def _nsight_options(config) -> dict[str, str]:
     options = dict(config.global_profiler.global_tool_config.nsys.worker_nsight_options)
     if options.get("capture-range-end") is None:
         options["capture-range-end"] = "repeat"
@@ -217,7 +217,7 @@ def _torch_notes(config, plan: ProfilePlan, phases: dict[str, PhaseRequest]) -> 
 
 
 def _nsys_notes(config, plan: ProfilePlan, phases: dict[str, PhaseRequest]) -> list[str]:
-    options = " ".join(f"--{name}={value}" for name, value in worker_nsight_options(config).items())
+    options = " ".join(f"--{name}={value}" for name, value in _nsight_options(config).items())
     per_call = sorted(phase for phase, r in phases.items() if r.discrete)
     per_step = sorted(phase for phase, r in phases.items() if not r.discrete)
     ranges = [f"one capture range per call of {', '.join(per_call)} (discrete=true)"] if per_call else []

@@ -28,7 +28,6 @@ class InteractionConfigError(InputError, ValueError):
     """The interaction file does not load; the message names the file and the entry."""
 
 
-
 def default_name(class_name: str) -> str:
     simple = class_name.replace(":", ".").rsplit(".", 1)[-1]
     return (simple[: -len("Interaction")] if simple.endswith("Interaction") else simple).lower()

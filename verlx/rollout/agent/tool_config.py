@@ -31,7 +31,6 @@ VERL_TOOLS_LACKING = {"verl.tools.mcp_search_tool.MCPSearchTool": "an MCP client
                                                                    "of the MCP servers its `mcp:` entry names)"}
 
 
-
 class ToolConfigError(InputError, ValueError):
     """The tool file does not load; the message names the file and the entry."""
 
