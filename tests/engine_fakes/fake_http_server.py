@@ -1,7 +1,9 @@
 """What the vLLM and SGLang stand-in servers (fake_vllm_server.py, fake_sglang_server.py) share: JSON answers, a
 health endpoint, the request log their start-up errors quote, serving on a host and port until SIGTERM, and the
 package a server subprocess imports to install the stand-in. With FAKE_SERVER_REQUEST_LOG set, the request log
-also goes to that file (a test's own copy: verlx removes the server's log after a clean stop)."""
+also goes to that file (a test's own copy: verlx removes the server's log after a clean stop). With
+FAKE_SERVER_DROP=<path>:<count> the server closes the connection of the first <count> requests to <path> without
+answering (what a kept-alive connection the server closed while idle does to the next request on it)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import signal
 
 #: a file the server appends its request log to
 REQUEST_LOG_ENV = "FAKE_SERVER_REQUEST_LOG"
+#: <path>:<count>: requests to drop unanswered
+DROP_ENV = "FAKE_SERVER_DROP"
 
 
 class FakeHTTPServer:
@@ -45,6 +49,8 @@ class FakeHTTPServer:
             return self.answer()
 
         copy = os.environ.get(REQUEST_LOG_ENV)
+        drop_path, _, drops = os.environ.get(DROP_ENV, "").partition(":")
+        left_to_drop = [int(drops or 0)]
 
         @web.middleware
         async def log_requests(request, handler):
@@ -52,6 +58,10 @@ class FakeHTTPServer:
             if copy:
                 with open(copy, "a") as f:
                     print(request.method, request.path_qs, file=f)
+            if request.path == drop_path and left_to_drop[0] > 0:
+                left_to_drop[0] -= 1
+                request.transport.close()
+                raise asyncio.CancelledError
             return await handler(request)
 
         app = web.Application(client_max_size=1 << 30, middlewares=[log_requests])

@@ -107,3 +107,32 @@ def test_a_server_that_exits_on_its_own_is_named_with_its_log_which_stays(tmp_pa
     assert [r.getMessage() for r in caplog.records if r.name == "verlx.rollout.engine_server"] == [
         f"the {engine} server http://127.0.0.1:{port} had exited on its own with code -9 before verlx stopped it; "
         f"its log is kept: {log}"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_connection_the_server_closed_unanswered_is_sent_again_once(tmp_path, monkeypatch, engine):
+    """SGLang's server closes a kept-alive connection after 5 s idle, and the training between two generation
+    phases is longer: the next request on it fails before reaching the engine (2026-11-27 on an H100, step 3 of a
+    server-mode run). Sent again once it gives the batch a plain run gives; a server that drops it again is named."""
+    generate = "/inference/v1/generate" if engine == "vllm" else "/generate"
+    with served_fake(engine, tmp_path, monkeypatch):
+        plain = engine_class(engine)(server_ctx(tmp_path / "model", free_port()))
+        try:
+            want = plain.generate(left_padded_prompts())
+        finally:
+            plain.shutdown()
+        monkeypatch.setenv("FAKE_SERVER_DROP", f"{generate}:1")
+        dropping = engine_class(engine)(server_ctx(tmp_path / "model", free_port()))
+        try:
+            got = dropping.generate(left_padded_prompts())
+        finally:
+            dropping.shutdown()
+        for key in want.batch:
+            assert got.batch[key].tolist() == want.batch[key].tolist(), key
+        monkeypatch.setenv("FAKE_SERVER_DROP", f"{generate}:1000")
+        always = engine_class(engine)(server_ctx(tmp_path / "model", free_port()))
+        try:
+            with pytest.raises(Exception, match="Server disconnected"):
+                always.generate(left_padded_prompts())
+        finally:
+            always.shutdown()

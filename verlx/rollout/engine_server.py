@@ -176,24 +176,37 @@ class EngineServer:
 
     # ------------------------------------------------------------------ HTTP
     async def _post_json(self, endpoint: str, payload: dict) -> Any:
-        """A generation request on `loop`: the answer's JSON, or RuntimeError with the status and body."""
+        """A generation request on `loop`: the answer's JSON, or RuntimeError with the status and body. A kept-alive
+        connection the server closed while idle (SGLang's closes after 5 s, and training between two generation
+        phases is longer) fails with ServerDisconnectedError before the request reached the engine: sent once more
+        on a fresh connection while the server's process runs."""
         import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        try:
-            async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
-                body = await response.text()
-        except aiohttp.ClientConnectionError:
-            deadline = time.monotonic() + EXIT_WAIT_S
-            while self.process.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if self.process.returncode is not None:
-                raise self._exited_error(endpoint, self.process.returncode) from None
-            raise
+        for attempt in range(2):
+            try:
+                async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
+                    body = await response.text()
+                break
+            except aiohttp.ClientConnectionError as error:
+                exit_code = await self._exit_code_async()
+                if exit_code is not None:
+                    raise self._exited_error(endpoint, exit_code) from None
+                if attempt or not isinstance(error, aiohttp.ServerDisconnectedError):
+                    raise
+                logger.debug("the %s server %s closed a connection without answering /%s; sending it again",
+                             self.engine, self.url, endpoint)
         if response.status != 200:
             raise RuntimeError(self._refusal(endpoint, response.status, body))
         return json.loads(body)
+
+    async def _exit_code_async(self) -> int | None:
+        """`_exit_code` without blocking the loop the other requests run on."""
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while self.process.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.process.returncode
 
     def _call(self, endpoint: str, payload: dict | None = None, method: str = "POST") -> str:
         """A control call: the answer's body, or RuntimeError with the status and body."""
