@@ -1,7 +1,7 @@
-"""One GRPO step of a vision-language model (tiny Qwen2-VL) through main_ppo on 2 CPU workers with the hf engine, on
-geo3k-format data made by examples/data_preprocess/geo3k.py from a tiny generated image set: the rows' images reach
-the rollout (training and validation) and the actor (packed, with the reference's KL loss), whose log-probs agree
-with the engine's."""
+"""One GRPO step of a vision-language model (tiny Qwen2-VL, tiny Qwen3-VL) through main_ppo on 2 CPU workers with the
+hf engine, on geo3k-format data made by examples/data_preprocess/geo3k.py from a tiny generated image set: the rows'
+images reach the rollout (training and validation) and the actor (packed, with the reference's KL loss), whose
+log-probs agree with the engine's."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from helpers.e2e import make_config, read_metrics
-from helpers.tiny_vlm import png_bytes, random_image, save_tiny_qwen2_vl
+from helpers.tiny_vlm import png_bytes, random_image, save_tiny_vlm
 from verlx.config.loader import ConfigError
 from verlx.data import write_parquet_atomic
 from verlx.trainer.main_ppo import prepare, run_ppo
@@ -37,7 +37,7 @@ def geo3k_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vl_model_dir(tmp_path_factory):
-    return save_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vl"))
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny_vl"))
 
 
 def _config(model_dir, data_dir, out_dir, *overrides):
@@ -50,12 +50,14 @@ def _config(model_dir, data_dir, out_dir, *overrides):
                        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", *overrides)
 
 
-def test_one_grpo_step_with_images(ray_cpu, vl_model_dir, geo3k_dir, tmp_path):
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen3_vl"])
+def test_one_grpo_step_with_images(ray_cpu, model_type, geo3k_dir, tmp_path):
+    model_dir = save_tiny_vlm(tmp_path / "model", model_type)
     # a random model never answers right: score the length, so the samples of a prompt differ and the update moves
     reward = tmp_path / "length_reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return len(solution_str) / 10\n")
-    cfg = _config(vl_model_dir, geo3k_dir, tmp_path, "actor_rollout_ref.actor.freeze_vision_tower=true",
+    cfg = _config(model_dir, geo3k_dir, tmp_path, "actor_rollout_ref.actor.freeze_vision_tower=true",
                   f"custom_reward_function.path={reward}", "trainer.val_before_train=true")
     run_ppo(cfg)
     records = read_metrics(tmp_path)

@@ -274,10 +274,12 @@ def shaped_model_dir(path: str) -> str:
 
 
 # Hub names of vision-language checkpoints → the model_type of their stand-in (a config.json with a vision_config,
-# which is what the preflight reads to tell a vision-language model). Qwen3.5's checkpoints are vision-language ones.
+# which is what the preflight reads to tell a vision-language model), first match. Qwen3.5's checkpoints are
+# vision-language ones; Qwen3-VL's mixtures of experts (30B-A3B, 235B-A22B) are qwen3_vl_moe.
 VISION_STAND_INS = {r"qwen2\.5-vl|qwen2_5_vl": "qwen2_5_vl", r"qwen2-vl|qwen2_vl": "qwen2_vl",
-                    r"qwen3-vl|qwen3_vl": "qwen3_vl", r"glm-4\.1v|glm4v": "glm4v", r"kimi-vl": "kimi_vl",
-                    r"minicpm-[ov]": "minicpmo", r"qwen3\.5|qwen3_5": "qwen3_5"}
+                    r"qwen3-vl-\d+b-a\d+b|qwen3_vl_moe": "qwen3_vl_moe", r"qwen3-vl|qwen3_vl": "qwen3_vl",
+                    r"glm-4\.1v|glm4v": "glm4v", r"kimi-vl": "kimi_vl", r"minicpm-[ov]": "minicpmo",
+                    r"qwen3\.5|qwen3_5": "qwen3_5"}
 
 
 def vision_stand_in(path: str, model_type: str) -> str:

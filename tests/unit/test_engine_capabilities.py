@@ -120,3 +120,11 @@ def test_sglang_refuses_a_qwen2_vl_config_without_in_chans_before_ray(tmp_path):
     Qwen2VLConfig(text_config={"max_position_embeddings": 32768}, vision_config={"in_chans": 3}).save_pretrained(
         tmp_path / "hub")
     assert context_problems(str(tmp_path / "hub"), f"{R}.name=sglang") == []
+
+
+def test_sglang_takes_a_qwen3_vl_config_written_by_transformers(tmp_path):
+    """SGLang 0.5.17's Qwen3-VL vision tower reads vision_config.in_channels, which transformers 5 writes."""
+    from transformers import Qwen3VLConfig
+
+    Qwen3VLConfig(text_config={"max_position_embeddings": 32768}).save_pretrained(tmp_path)
+    assert context_problems(str(tmp_path), f"{R}.name=sglang") == []

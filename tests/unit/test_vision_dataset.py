@@ -1,5 +1,6 @@
-"""RLHFDataset with a vision-language model's processor (tiny Qwen2-VL) on real parquet files in veRL's geo3k
-format: images as [{"bytes": png}] or paths, one `<image>` placeholder per image in the prompt text."""
+"""RLHFDataset with a vision-language model's processor (tiny Qwen2-VL; Qwen3-VL's patch size) on real parquet files
+in veRL's geo3k format: images as [{"bytes": png}] or paths, one `<image>` placeholder per image in the prompt
+text."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from helpers.tiny_tokenizer import build_tiny_tokenizer
-from helpers.tiny_vlm import image_tokens, png_bytes, random_image, save_tiny_qwen2_vl
+from helpers.tiny_vlm import image_tokens, png_bytes, random_image, save_tiny_vlm
 from verlx.batch_columns import MULTI_MODAL_INPUTS
 from verlx.config.loader import DataError
 from verlx.config.run import DataConfig
@@ -26,7 +27,7 @@ def geo_row(text: str, images: list, i: int = 0) -> dict:
 
 @pytest.fixture(scope="module")
 def vl_model(tmp_path_factory):
-    path = save_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vl"))
+    path = save_tiny_vlm(tmp_path_factory.mktemp("tiny_vl"))
     return path, AutoTokenizer.from_pretrained(path), load_image_prompts(path, AutoConfig.from_pretrained(path))
 
 
@@ -73,6 +74,26 @@ def test_rows_carry_image_tokens_pixels_and_mrope_positions(tmp_path, vl_model):
     row0 = positions[0][:, mask[0].bool()]
     assert row0[1:, 7:13].tolist() == [[7] * 6, [7, 7, 7, 8, 8, 8], [7, 8, 9, 7, 8, 9]]
     assert row0[1:, 13].tolist() == [10, 10, 10]
+
+
+def test_qwen3_vl_rows_take_its_16_pixel_patches(tmp_path):
+    """Qwen3-VL's image processor cuts 16-pixel patches: a 70 x 100 image is resized to 64 x 96 (multiples of 32),
+    a grid of 4 x 6 patches of 3 * 2 * 16 * 16 values, merged 2 x 2 into 6 tokens at Qwen2-VL's positions."""
+    path = save_tiny_vlm(tmp_path / "model", "qwen3_vl")
+    tokenizer, prompts = AutoTokenizer.from_pretrained(path), load_image_prompts(path, AutoConfig.from_pretrained(path))
+    assert prompts.model.model_type == "qwen3_vl" and prompts.model.architecture.deepstack
+    file = write_parquet_atomic([geo_row("<image>Find x.", [{"bytes": png_bytes(random_image(70, 100, 1))}])],
+                                tmp_path / "geo.parquet")
+    ds = RLHFDataset(file, tokenizer, DataConfig(max_prompt_length=64), processor=prompts)
+    assert ds.prompt_lengths.tolist() == [TEMPLATE_TOKENS + len("Find x.") + 2 + 6]
+    batch = ds.get_batch([0])
+    vision = batch.non_tensor_batch[MULTI_MODAL_INPUTS][0]
+    assert vision["image_grid_thw"].tolist() == [[1, 4, 6]]
+    assert tuple(vision["pixel_values"].shape) == (24, 1536)
+    mask = batch.batch["attention_mask"][0].bool()
+    assert int((batch.batch["input_ids"][0] == prompts.model.image_token_id).sum()) == 6
+    row = batch.batch["position_ids"][0][:, mask]
+    assert row[1:, 7:14].tolist() == [[7] * 6 + [10], [7, 7, 7, 8, 8, 8, 10], [7, 8, 9, 7, 8, 9, 10]]
 
 
 @pytest.mark.parametrize("images, text, message", [
@@ -129,7 +150,7 @@ def test_a_transformers_style_processor_is_read_for_its_image_half(tmp_path, vl_
 def test_a_vision_language_model_without_its_image_processor_is_refused(tmp_path):
     import os
 
-    path = save_tiny_qwen2_vl(tmp_path / "model")
+    path = save_tiny_vlm(tmp_path / "model")
     os.remove(os.path.join(path, "preprocessor_config.json"))
     with pytest.raises(DataError, match=r"actor_rollout_ref.model.path=.* is a vision-language model \(qwen2_vl\) but "
                                         r"its image processor \(preprocessor_config.json\) could not be loaded"):

@@ -1,6 +1,7 @@
-"""The policy's log-probs on a vision-language model (tiny Qwen2-VL) against a plain transformers forward of the same
-model: padded and packed (remove-padding), with images of different sizes, a row without image, left-padded
-prompts and right-padded responses; and the M-RoPE positions against transformers' own get_rope_index."""
+"""The policy's log-probs on a vision-language model (tiny Qwen2-VL and Qwen3-VL, whose DeepStack features reach the
+first decoder layers) against a plain transformers forward of the same model: padded and packed (remove-padding),
+with images of different sizes, a row without image, left-padded prompts and right-padded responses; and the
+M-RoPE positions against transformers' own get_rope_index."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-from helpers.tiny_vlm import random_image, save_tiny_qwen2_vl
+from helpers.tiny_vlm import random_image, save_tiny_vlm
 from verlx.config.roles import ModelConfig, OptimConfig
 from verlx.models.mrope import batch_position_ids
 from verlx.models.policy import PolicyModel
@@ -17,28 +18,31 @@ from verlx.workers.fsdp.model_builder import build_optimizer, load_policy
 
 RESPONSE = 5
 TEMPERATURE = 0.7
+MODEL_TYPES = ["qwen2_vl", "qwen3_vl"]
 
 
-@pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory):
-    path = save_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vl"))
+@pytest.fixture(scope="module", params=MODEL_TYPES)
+def tiny_vl(tmp_path_factory, request):
+    path = save_tiny_vlm(tmp_path_factory.mktemp("tiny_vl"), request.param)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return model, AutoImageProcessor.from_pretrained(path)
 
 
 def _batch(model, image_processor):
-    """Three rows: two images (sizes 56x84 and 28x28), one image (56x56), none; prompts left-padded, responses
-    right-padded (row 1's stops after 3 tokens)."""
+    """Three rows: two images (2x3 and 1x1 merged tokens: 56x84 and 28x28 pixels for Qwen2-VL's 14-pixel patches,
+    64x96 and 32x32 for Qwen3-VL's 16), one image (2x2), none; prompts left-padded, responses right-padded (row 1's
+    stops after 3 tokens)."""
     image = model.config.image_token_id
-    sizes = [[(56, 84), (28, 28)], [(56, 56)], []]
+    side = image_processor.patch_size * image_processor.merge_size  # the pixels of one merged token
+    sizes = [[(2, 3), (1, 1)], [(2, 2)], []]
     rows, vision = [], []
     for i, row_sizes in enumerate(sizes):
         if row_sizes:
-            images = [random_image(h, w, seed=10 * i + j) for j, (h, w) in enumerate(row_sizes)]
+            images = [random_image(side * h, side * w, seed=10 * i + j) for j, (h, w) in enumerate(row_sizes)]
             vision.append(dict(image_processor(images=images, return_tensors="pt")))
         else:
             vision.append({})
-        counts = [(h // 28) * (w // 28) for h, w in row_sizes]
+        counts = [h * w for h, w in row_sizes]
         prompt = [3 + i, 4]
         for n in counts:
             prompt += [image] * n + [5 + i]
@@ -124,10 +128,11 @@ def test_image_tokens_that_disagree_with_the_grids_are_refused(tiny_vl):
         micro_batch_vision(None, ids, spec)
 
 
-def test_freeze_vision_tower_trains_the_text_model_only(tmp_path):
-    """actor.freeze_vision_tower: the image encoder gets no gradient and keeps its weights through an update whose
-    loss depends on the images; the text model's weights move."""
-    path = save_tiny_qwen2_vl(tmp_path / "model")
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_freeze_vision_tower_trains_the_text_model_only(tmp_path, model_type):
+    """actor.freeze_vision_tower: the image encoder (with Qwen3-VL's DeepStack mergers) gets no gradient and keeps its
+    weights through an update whose loss depends on the images; the text model's weights move."""
+    path = save_tiny_vlm(tmp_path / "model", model_type)
     model_cfg = ModelConfig(path=path, enable_gradient_checkpointing=False, use_remove_padding=True)
     policy = load_policy(path, model_cfg, torch.float32, freeze_vision_tower=True)
     tower = vision_tower(policy.hf_model)
@@ -146,13 +151,14 @@ def test_freeze_vision_tower_trains_the_text_model_only(tmp_path):
     assert any(".language_model." in n for n in moved)
 
 
-def test_training_forward_with_activation_checkpointing_and_compiled_text_layers(tmp_path):
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_training_forward_with_activation_checkpointing_and_compiled_text_layers(tmp_path, model_type):
     """veRL's VL scripts turn on gradient checkpointing and verlx compiles decoder layers on GPUs: the vision-language
     policy trains with checkpointed layers (same log-probs and gradients as without), and compile_model wraps the
     text decoder layers only (image sizes change from batch to batch; the vision blocks stay eager)."""
     from verlx.models.compile import compile_model
 
-    path = save_tiny_qwen2_vl(tmp_path / "model")
+    path = save_tiny_vlm(tmp_path / "model", model_type)
     image_processor = AutoImageProcessor.from_pretrained(path)
     grads = []
     for checkpointing in (False, True):
@@ -177,7 +183,8 @@ def test_an_image_token_in_the_response_is_text(tiny_vl, packed):
     model, image_processor = tiny_vl
     spec = vision_language_model(model.config)
     image = spec.image_token_id
-    vision = dict(image_processor(images=[random_image(56, 56, seed=3)], return_tensors="pt"))
+    side = image_processor.patch_size * image_processor.merge_size
+    vision = dict(image_processor(images=[random_image(2 * side, 2 * side, seed=3)], return_tensors="pt"))
     prompt = torch.tensor([[3, 4] + [image] * 4 + [5, 6]])
     response = torch.tensor([[20, image, 21, image, image]])
     forced = response[0].tolist()

@@ -1,7 +1,7 @@
-"""Rollout of a vision-language model (tiny Qwen2-VL) with the hf engine, from a real parquet file's rows with
-images: greedy responses equal transformers' own generate of each prompt alone, the batch's M-RoPE positions
-continue through the response, and the engine's log-probs equal the trainer policy's on the rollout batch. Engines
-without image input are refused before Ray, naming the engine and the capability."""
+"""Rollout of a vision-language model (tiny Qwen2-VL, tiny Qwen3-VL) with the hf engine, from a real parquet file's
+rows with images: greedy responses equal transformers' own generate of each prompt alone, the batch's M-RoPE
+positions continue through the response, and the engine's log-probs equal the trainer policy's on the rollout batch.
+Engines without image input are refused before Ray, naming the engine and the capability."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
 
-from helpers.tiny_vlm import png_bytes, random_image, save_tiny_qwen2_vl
+from helpers.tiny_vlm import png_bytes, random_image, save_tiny_vlm
 from verlx.batch_columns import MULTI_MODAL_INPUTS
 from verlx.config.roles import RolloutConfig
 from verlx.config.run import DataConfig
@@ -27,10 +27,10 @@ from verlx.workers.tokenizer import stop_token_ids
 PROMPT, RESPONSE = 48, 6
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
+def setup(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("vl_rollout")
-    path = save_tiny_qwen2_vl(tmp / "model")
+    path = save_tiny_vlm(tmp / "model", request.param)
     tokenizer = AutoTokenizer.from_pretrained(path)
     hf_config = AutoConfig.from_pretrained(path)
     image = {"bytes": png_bytes(random_image(56, 84, seed=1)), "path": None}
@@ -101,8 +101,8 @@ def test_the_native_engine_is_refused_before_ray_naming_the_key(setup):
     cfg.actor_rollout_ref.rollout.name = "native"
     problems = capability_problems(cfg)
     assert len(problems) == 1
-    assert ("actor_rollout_ref.model.path (a vision-language model, qwen2_vl) needs a rollout engine that takes "
-            "image inputs") in problems[0]
+    assert (f"actor_rollout_ref.model.path (a vision-language model, {setup[2].model_type}) needs a rollout engine "
+            "that takes image inputs") in problems[0]
     assert "actor_rollout_ref.rollout.name=native cannot" in problems[0]
     assert ("supports_image_input is False); use actor_rollout_ref.rollout.name=hf or actor_rollout_ref.rollout."
             "name=sglang or actor_rollout_ref.rollout.name=vllm") in problems[0]
@@ -126,8 +126,8 @@ def test_server_mode_takes_images_on_sglang_only(setup):
     problems = capability_problems(cfg)
     assert len(problems) == 1
     assert problems[0] == (
-        "actor_rollout_ref.model.path (a vision-language model, qwen2_vl) with actor_rollout_ref.rollout.server."
-        "enable=true needs a rollout engine that takes image inputs in server mode (vLLM's server mode does not "
-        "support them), but actor_rollout_ref."
-        "rollout.name=vllm cannot (VLLMRolloutEngine.supports_server_image_input is False); use "
+        f"actor_rollout_ref.model.path (a vision-language model, {setup[2].model_type}) with "
+        "actor_rollout_ref.rollout.server.enable=true needs a rollout engine that takes image inputs in server mode "
+        "(vLLM's server mode does not support them), but actor_rollout_ref.rollout.name=vllm cannot "
+        "(VLLMRolloutEngine.supports_server_image_input is False); use "
         "actor_rollout_ref.rollout.name=sglang")

@@ -2,7 +2,7 @@
 names: model.language_model.*, model.visual.*) is pushed under its checkpoint name (what transformers itself writes
 and what the engines' loaders read from disk: model.*, visual.*), nothing dropped; vLLM reports the names it loaded
 as its own Qwen2-VL class names them (language_model.model.*, language_model.lm_head.*, visual.*), and a push is
-checked against those."""
+checked against those. A Qwen3-VL's checkpoint keeps transformers 5's names, and so does its push."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForImageTextToText
 
 from engine_fakes.contexts import EOS, PAD
-from helpers.tiny_vlm import save_tiny_qwen2_vl
+from helpers.tiny_vlm import save_tiny_vlm
 from verlx.config.roles import RolloutConfig
-from verlx.models.vision import checkpoint_weight_name
+from verlx.models.vision import vision_language_model
 from verlx.rollout.base import RolloutContext
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
 from verlx.rollout.vllm_adapter import unloaded_names, vision_language_param_name
@@ -29,7 +29,7 @@ PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_pro
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A one-layer, one-block tiny Qwen2-VL: its directory, its transformers model and its checkpoint's names."""
-    path = save_tiny_qwen2_vl(tmp_path_factory.mktemp("vl_names") / "model", text_shape={"num_hidden_layers": 1},
+    path = save_tiny_vlm(tmp_path_factory.mktemp("vl_names") / "model", text_shape={"num_hidden_layers": 1},
                               vision_shape={"depth": 1})
     model = AutoModelForImageTextToText.from_pretrained(path)
     with safe_open(f"{path}/model.safetensors", framework="pt") as f:
@@ -37,9 +37,26 @@ def tiny(tmp_path_factory):
     return path, model, stored
 
 
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory):
+    """The same of a one-layer, one-block tiny Qwen3-VL (one DeepStack merger)."""
+    vision = {"depth": 1, "deepstack_visual_indexes": [0]}
+    path = save_tiny_vlm(tmp_path_factory.mktemp("vl3_names") / "model", "qwen3_vl",
+                         text_shape={"num_hidden_layers": 1}, vision_shape=vision)
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    with safe_open(f"{path}/model.safetensors", framework="pt") as f:
+        stored = set(f.keys())
+    return path, model, stored
+
+
+def checkpoint_weight_name(name: str) -> str:
+    """A Qwen2-VL parameter's checkpoint name."""
+    return vision_language_model(AutoConfig.for_model("qwen2_vl")).checkpoint_weight_name(name)
+
+
 def pushed_names(model, tied: bool = False) -> list[str]:
     return [name for name, _ in iter_engine_weights(model.named_parameters(), None, tied,
-                                                   rename=checkpoint_weight_name)]
+                                                   rename=vision_language_model(model.config).checkpoint_weight_name)]
 
 
 def test_every_parameter_is_pushed_under_its_checkpoint_name(tiny):
@@ -143,3 +160,34 @@ def test_a_push_under_transformers_names_would_be_incomplete(tiny, fake_sglang):
     engine = SGLangRolloutEngine(ctx)  # a text model's config: no renaming
     engine.update_weights(model.named_parameters(), version=1)
     assert not engine.residency.weights_current
+
+
+def test_qwen3_vl_is_pushed_under_transformers_names_which_vllm_maps(tiny_qwen3):
+    """vLLM 0.26's Qwen3-VL mapper takes model.visual.*, model.language_model.* and lm_head.* (its checkpoints'
+    names); SGLang's Qwen3-VL loader renames model.language_model.* and model.visual.* itself."""
+    _, model, stored = tiny_qwen3
+    names = pushed_names(model)
+    assert len(names) == len(stored) == 41
+    assert set(names) == stored == {n for n, _ in model.named_parameters()}
+    assert "model.visual.deepstack_merger_list.0.linear_fc1.weight" in stored
+    vllm = {name: vision_language_param_name(name) for name in stored}
+    assert vllm["lm_head.weight"] == "language_model.lm_head.weight"
+    assert vllm["model.language_model.layers.0.self_attn.q_norm.weight"] == \
+        "language_model.model.layers.0.self_attn.q_norm.weight"
+    assert vllm["model.visual.deepstack_merger_list.0.linear_fc1.weight"] == \
+        "visual.deepstack_merger_list.0.linear_fc1.weight"
+    assert vllm["model.visual.pos_embed.weight"] == "visual.pos_embed.weight"
+    assert len(set(vllm.values())) == len(stored)
+    assert all(v.startswith(("language_model.model.", "language_model.lm_head.", "visual.")) for v in vllm.values())
+
+
+def test_sglang_gets_qwen3_vl_names_unchanged_and_the_push_is_complete(tiny_qwen3, fake_sglang):
+    path, model, stored = tiny_qwen3
+    ctx = RolloutContext(config=RolloutConfig(response_length=6, prompt_length=8, seed=5), model_path=path,
+                         hf_config=AutoConfig.from_pretrained(path), device=torch.device("cpu"), pad_token_id=PAD,
+                         eos_token_ids=[EOS])
+    engine = SGLangRolloutEngine(ctx)
+    engine.update_weights(model.named_parameters(), version=1)
+    sent = [name for call in fake_sglang.calls if call[0] == "update_weights_from_tensor" for name in call[1]]
+    assert sorted(sent) == sorted(stored)
+    assert engine.residency.weights_current

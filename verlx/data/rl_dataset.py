@@ -208,7 +208,7 @@ class RLHFDataset:
                 if row_images(cells[i]):
                     raise DataError(f"{self._where(origins[i])}: the row has images, but the model is not a "
                                     "vision-language model (it has no image processor); use a vision-language model "
-                                    "(Qwen2-VL, Qwen2.5-VL) or drop the column")
+                                    "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL) or drop the column")
             return None
         videos = columns.get("videos")
         counts = []

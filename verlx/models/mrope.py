@@ -1,4 +1,6 @@
-"""Qwen2-VL's multimodal rotary positions (M-RoPE): three position axes (time, height, width) per token.
+"""Qwen2-VL's multimodal rotary positions (M-RoPE): three position axes (time, height, width) per token. Qwen2.5-VL
+and Qwen3-VL give an image's tokens the same positions (Qwen3-VL interleaves the axes' frequencies inside its
+rotary embedding, which takes the same three axes).
 
 A text token has the same position on all three axes, one more than the token before it. An image of grid
 (t, h, w) patches (h and w merged by `merge` into one token each `merge` x `merge` patches) is t * h/m * w/m

@@ -1,5 +1,5 @@
-"""Vision-language policies (Qwen2-VL, Qwen2.5-VL): which checkpoints are ones, their image token, and the forward
-pass that puts the vision tower's image features into the text sequence.
+"""Vision-language policies (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): which checkpoints are ones, their image token, and the
+forward pass that puts the vision tower's image features into the text sequence.
 
 A vision-language batch row carries its vision inputs in the non-tensor column `multi_modal_inputs`
 (verlx.batch_columns): a dict with `pixel_values` [patches, C * t * p * p] and `image_grid_thw` [images, 3] (an
@@ -18,19 +18,50 @@ import torch
 from verlx.models.checkpoint_config import read_checkpoint_config
 from verlx.models.mrope import MROPE_AXES, image_token_counts
 
-#: model_type of the vision-language architectures verlx trains (their M-RoPE and image tokens are Qwen2-VL's)
-SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 PIXEL_VALUES = "pixel_values"
 IMAGE_GRID_THW = "image_grid_thw"
 
 
 @dataclass(frozen=True)
+class VisionArchitecture:
+    """What differs between the vision-language architectures verlx trains; their image tokens, image processor
+    outputs and M-RoPE positions for images are Qwen2-VL's in all of them."""
+
+    #: transformers 5's parameter-name prefixes → the checkpoint's (which the engines' loaders read), first match
+    checkpoint_prefixes: tuple[tuple[str, str], ...]
+    #: the vision tower also returns features of some of its blocks, added to the first decoder layers' hidden
+    #: states at the image tokens (Qwen3-VL's DeepStack)
+    deepstack: bool
+
+
+#: transformers 5 names a Qwen2-VL / Qwen2.5-VL model's parts model.language_model.* and model.visual.*; their
+#: checkpoints (transformers 5 converts back when it saves) name them model.* and visual.*
+_QWEN2_VL_CHECKPOINT = (("model.language_model.", "model."), ("model.visual.", "visual."))
+#: model_type → the vision-language architectures verlx trains; Qwen3-VL's checkpoints keep transformers 5's names
+ARCHITECTURES = {
+    "qwen2_vl": VisionArchitecture(_QWEN2_VL_CHECKPOINT, deepstack=False),
+    "qwen2_5_vl": VisionArchitecture(_QWEN2_VL_CHECKPOINT, deepstack=False),
+    "qwen3_vl": VisionArchitecture((), deepstack=True),
+}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
+
+
+@dataclass(frozen=True)
 class VisionLanguageModel:
-    """What verlx reads of a vision-language checkpoint's config."""
+    """What verlx reads of a vision-language checkpoint's config. The defaults of `architecture` are Qwen2-VL's, for
+    a model known from its processor alone (RLHFDataset's `processor`: the data path reads only its tokens)."""
 
     model_type: str
     image_token_id: int
     merge_size: int  # image patches merged per token along each side
+    architecture: VisionArchitecture = ARCHITECTURES["qwen2_vl"]
+
+    def checkpoint_weight_name(self, name: str) -> str:
+        """A policy parameter's name as the checkpoint stores it (lm_head and checkpoint names are unchanged)."""
+        for ours, theirs in self.architecture.checkpoint_prefixes:
+            if name.startswith(ours):
+                return theirs + name[len(ours):]
+        return name
 
 
 def vision_language_model(hf_config, key: str = "actor_rollout_ref.model.path") -> VisionLanguageModel | None:
@@ -43,7 +74,7 @@ def vision_language_model(hf_config, key: str = "actor_rollout_ref.model.path") 
         raise ValueError(f"{key}: the vision-language architecture {model_type!r} is not supported yet; verlx trains "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)} (video and audio inputs are not supported either)")
     return VisionLanguageModel(model_type, int(hf_config.image_token_id),
-                               int(hf_config.vision_config.spatial_merge_size))
+                               int(hf_config.vision_config.spatial_merge_size), ARCHITECTURES[model_type])
 
 
 def checkpoint_model_type(path: str | None) -> str | None:
@@ -96,14 +127,18 @@ class VisionLanguageBody:
                  image_mask: torch.Tensor | None = None, **attention_kwargs) -> Any:
         """`image_mask`: the tokens that take the image features, in order (default: every image token)."""
         embeds = self.body.get_input_embeddings()(input_ids)
+        deepstack = {}
         if self.vision is not None:
-            features = self.body.get_image_features(self.vision[PIXEL_VALUES], self.vision[IMAGE_GRID_THW],
-                                                    return_dict=True).pooler_output
+            out = self.body.get_image_features(self.vision[PIXEL_VALUES], self.vision[IMAGE_GRID_THW],
+                                               return_dict=True)
             mask = input_ids == self.spec.image_token_id if image_mask is None else image_mask
-            embeds = embeds.masked_scatter(mask.unsqueeze(-1), torch.cat(features).to(embeds.dtype))
+            embeds = embeds.masked_scatter(mask.unsqueeze(-1), torch.cat(out.pooler_output).to(embeds.dtype))
+            if self.spec.architecture.deepstack:  # the same tokens take each listed block's features too
+                deepstack = {"visual_pos_masks": mask,
+                             "deepstack_visual_embeds": [torch.cat(f) for f in out.deepstack_features]}
         mrope = position_ids[:, MROPE_AXES].transpose(0, 1)  # [3, B, T], the layout the text model takes
         return self.body.language_model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=mrope,
-                                        use_cache=use_cache, **attention_kwargs)
+                                        use_cache=use_cache, **deepstack, **attention_kwargs)
 
 
 def causal_lm_class(hf_config):
@@ -112,20 +147,6 @@ def causal_lm_class(hf_config):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     return AutoModelForImageTextToText if vision_language_model(hf_config) is not None else AutoModelForCausalLM
-
-
-#: transformers 5 names a Qwen2-VL / Qwen2.5-VL model's parts model.language_model.* and model.visual.*; checkpoints
-#: (transformers 5 converts back when it saves), and so the loaders of SGLang and vLLM, name them model.* and visual.*
-_CHECKPOINT_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
-
-
-def checkpoint_weight_name(name: str) -> str:
-    """A vision-language policy parameter's name as its checkpoint stores it (lm_head and checkpoint names are
-    unchanged)."""
-    for ours, theirs in _CHECKPOINT_PREFIXES:
-        if name.startswith(ours):
-            return theirs + name[len(ours):]
-    return name
 
 
 def vision_tower(hf_model) -> torch.nn.Module:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from verlx.models.vision import checkpoint_weight_name, vision_language_model
+from verlx.models.vision import vision_language_model
 from verlx.rollout.base import RolloutContext, RolloutEngine
 from verlx.rollout.engine_versions import check_engine_version, install_command
 from verlx.rollout.memory_budget import check_budget, engine_footprint
@@ -42,9 +42,9 @@ class ExternalEngine(RolloutEngine):
         #: a vision-language model's image token and merge size (None for a text model): requests with images
         self.vision = vision_language_model(ctx.hf_config)
         #: a pushed parameter's name as the engine's loader takes it: a vision-language model's in its checkpoint's
-        #: layout (model.*, visual.*; the trainer's transformers model names them model.language_model.*,
-        #: model.visual.*); None: the HF name
-        self.engine_weight_name = checkpoint_weight_name if self.vision is not None else None
+        #: layout (Qwen2-VL's model.*, visual.*, where the trainer's transformers model names them
+        #: model.language_model.*, model.visual.*); None: the HF name
+        self.engine_weight_name = self.vision.checkpoint_weight_name if self.vision is not None else None
         #: the names a push must cover before a dummy-loaded (or discarded) engine may generate
         expected = expected_push_names(ctx.model_path, self.tie_word_embeddings)
         self.expected_names = (frozenset(map(self.engine_weight_name, expected))

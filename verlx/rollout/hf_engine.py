@@ -1,6 +1,6 @@
 """The `hf` engine: transformers `generate` on a full copy of the policy. Slow, simple, the correctness reference.
 
-It also runs vision-language models (Qwen2-VL, Qwen2.5-VL): a request's images come as its vision inputs
+It also runs vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): a request's images come as its vision inputs
 (pixel_values, image_grid_thw), concatenated in row order for each `generate` call, with the image-token types
 transformers needs for the M-RoPE positions."""
 

@@ -92,7 +92,8 @@ class SGLangRolloutEngine(ExternalEngine):
     requires_package = "sglang"
     supports_partial_rollout = True
     supports_server = True  # rollout.server.enable: SGLang's HTTP server per replica (sglang_server.py)
-    supports_image_input = True  # Qwen2-VL / Qwen2.5-VL: image_data beside input_ids (rollout/image_requests.py)
+    #: Qwen2-VL, Qwen2.5-VL, Qwen3-VL: image_data beside input_ids (rollout/image_requests.py)
+    supports_image_input = True
     supports_server_image_input = True  # the server's /generate takes the same image_data, base64-encoded
     context_limit_override_env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
     context_length_margin = SGLANG_CONTEXT_MARGIN

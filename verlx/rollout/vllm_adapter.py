@@ -142,9 +142,10 @@ def finish_of(completion) -> tuple[str, str]:
     return str(completion.finish_reason), str(completion.stop_reason or "")
 
 
-#: vLLM's Qwen2-VL and Qwen2.5-VL classes hold the text model as `language_model` and the image encoder as `visual`;
-#: their load_weights maps checkpoint names with the class's hf_to_vllm_mapper (these prefixes, first match, in
-#: vllm 0.26.0's models/qwen2_vl.py and qwen2_5_vl.py) and reports what it loaded under the mapped names
+#: vLLM's Qwen2-VL, Qwen2.5-VL and Qwen3-VL classes hold the text model as `language_model` and the image encoder as
+#: `visual`; their load_weights maps checkpoint names with the class's hf_to_vllm_mapper (these prefixes, first
+#: match, in vllm 0.26.0's models/qwen2_vl.py and qwen2_5_vl.py; qwen3_vl.py has the first three, its checkpoints'
+#: names) and reports what it loaded under the mapped names
 VISION_LANGUAGE_PREFIXES = (
     ("model.language_model.", "language_model.model."),
     ("model.visual.", "visual."),
@@ -154,7 +155,8 @@ VISION_LANGUAGE_PREFIXES = (
 
 
 def vision_language_param_name(name: str) -> str:
-    """The vLLM parameter a Qwen2-VL / Qwen2.5-VL checkpoint name loads into (before q/k/v and gate/up fusion)."""
+    """The vLLM parameter a Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint name loads into (before q/k/v and gate/up
+    fusion)."""
     for prefix, replacement in VISION_LANGUAGE_PREFIXES:
         if name.startswith(prefix):
             return replacement + name[len(prefix):]

@@ -62,8 +62,8 @@ class VLLMRolloutEngine(ExternalEngine):
     supports_partial_rollout = True
     supports_server = True  # rollout.server.enable: vLLM's OpenAI-compatible server per replica (vllm_server.py)
     tensor_parallel_in_lockstep = True  # in-process only: in server mode the group's first rank drives its server
-    #: Qwen2-VL / Qwen2.5-VL in-process: multi_modal_data beside the prompt ids (rollout/image_requests.py); not in
-    #: server mode, where verlx's /inference/v1/generate requests carry token ids only
+    #: Qwen2-VL, Qwen2.5-VL, Qwen3-VL in-process: multi_modal_data beside the prompt ids (rollout/image_requests.py);
+    #: not in server mode, where verlx's /inference/v1/generate requests carry token ids only
     supports_image_input = True
     context_limit_override_env = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 

@@ -1,5 +1,5 @@
-"""What a run on a vision-language policy (Qwen2-VL, Qwen2.5-VL) asks for that verlx does not do with one yet:
-refused before Ray, each naming the feature and its key. The rollout engine's image input is a capability
+"""What a run on a vision-language policy (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) asks for that verlx does not do with one
+yet: refused before Ray, each naming the feature and its key. The rollout engine's image input is a capability
 (rollout/capabilities.py); the rest is here."""
 
 from __future__ import annotations

@@ -84,6 +84,7 @@ def dense_decoder_flops(config, seq_lens: list[int]) -> float:
 
 @FLOPS_ESTIMATORS.register("qwen2_vl")
 @FLOPS_ESTIMATORS.register("qwen2_5_vl")
+@FLOPS_ESTIMATORS.register("qwen3_vl")
 def vision_language_flops(config, seq_lens: list[int]) -> float:
     """A vision-language model's text decoder over its sequences, image tokens included; the vision tower's FLOPs
     are not counted (MFU is understated by their share)."""
