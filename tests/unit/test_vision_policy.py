@@ -89,6 +89,36 @@ def test_policy_log_probs_match_a_plain_forward(tiny_vl, packed):
     assert entropy is not None and entropy.shape == log_probs.shape
 
 
+def test_deepstack_features_returned_joined_give_the_same_log_probs(tmp_path, monkeypatch):
+    """transformers 5.17 (the GPU machine's) returns each DeepStack block's features of all images as one tensor,
+    5.24 splits them per image; the policy takes both (a Qwen3-VL run failed on an H100 on 2026-11-27 with the
+    split form assumed)."""
+    path = save_tiny_vlm(tmp_path, "qwen3_vl")
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    spec = vision_language_model(model.config)
+    ids, mask, vision = _batch(model, AutoImageProcessor.from_pretrained(path))
+    positions = batch_position_ids(ids, mask, [v.get("image_grid_thw") for v in vision], spec.image_token_id,
+                                   spec.merge_size)
+    policy = PolicyModel(model, packed=True, vision=spec)
+
+    def log_probs():
+        with torch.no_grad():
+            return policy(ids, mask, positions, RESPONSE, temperature=TEMPERATURE,
+                          vision_inputs=micro_batch_vision(vision, ids, spec))[0]
+
+    split = log_probs()
+    split_form = model.model.get_image_features
+
+    def joined_form(*args, **kwargs):
+        out = split_form(*args, **kwargs)
+        assert all(isinstance(f, tuple) for f in out.deepstack_features)  # 5.24's form, which this test rejoins
+        out.deepstack_features = [torch.cat(f) for f in out.deepstack_features]
+        return out
+
+    monkeypatch.setattr(model.model, "get_image_features", joined_form)
+    torch.testing.assert_close(log_probs(), split, rtol=0, atol=0)
+
+
 def test_log_probs_depend_on_the_images(tiny_vl):
     """Other pixels give other log-probs: the images reach the text model."""
     model, image_processor = tiny_vl

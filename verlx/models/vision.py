@@ -135,10 +135,16 @@ class VisionLanguageBody:
             embeds = embeds.masked_scatter(mask.unsqueeze(-1), torch.cat(out.pooler_output).to(embeds.dtype))
             if self.spec.architecture.deepstack:  # the same tokens take each listed block's features too
                 deepstack = {"visual_pos_masks": mask,
-                             "deepstack_visual_embeds": [torch.cat(f) for f in out.deepstack_features]}
+                             "deepstack_visual_embeds": [_joined(f) for f in out.deepstack_features]}
         mrope = position_ids[:, MROPE_AXES].transpose(0, 1)  # [3, B, T], the layout the text model takes
         return self.body.language_model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=mrope,
                                         use_cache=use_cache, **deepstack, **attention_kwargs)
+
+
+def _joined(features) -> torch.Tensor:
+    """One block's DeepStack features of all images: transformers 5.24 splits them per image, 5.17 (the GPU
+    machine's, 2026-11-27) returns them joined."""
+    return torch.cat(features) if isinstance(features, (list, tuple)) else features
 
 
 def causal_lm_class(hf_config):
