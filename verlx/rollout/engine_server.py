@@ -7,7 +7,8 @@ Its log (`$TMPDIR/verlx_<engine>_server_rank<R>_port<P>.log`) is removed when ve
 (`shutdown()`, which a run's end reaches through Worker.close), and kept wherever it may explain something: a server
 that did not come up (ServerStartError names it), a start that raised after the server came up
 (`shutdown(keep_log=True)`), a server process that exited on its own (the request that found it gone raises
-ServerExitedError naming its exit code and log; shutdown warns with the path), a stop that raised, and a server
+ServerExitedError naming its exit code and log; shutdown warns with the path), a request whose connection the
+running server closed without answering (ServerDisconnectedError names the log), a stop that raised, and a server
 stopped only by the interpreter's exit (no one called shutdown: an uncaught error may be why).
 
 `EngineServer` is that client; sglang_server.py and vllm_server.py add each engine's endpoints and its server
@@ -39,6 +40,9 @@ CONTROL_TIMEOUT_S = 600.0
 LOG_TAIL_LINES = 20
 #: seconds a failed connection waits for the server process to be seen exited
 EXIT_WAIT_S = 1.0
+#: the same for a connection the server closed mid-request: a crashing SGLang server tears its process tree down
+#: after its scheduler died, which takes longer than a refused connection's server to be gone
+DISCONNECT_EXIT_WAIT_S = 10.0
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +53,11 @@ class ServerStartError(RuntimeError):
 
 class ServerExitedError(RuntimeError):
     """A running engine server's process exited on its own: its exit code and its log (kept)."""
+
+
+class ServerDisconnectedError(RuntimeError):
+    """A running engine server closed a request's connection without answering and its process still runs: its
+    log (kept)."""
 
 
 def server_port(layout, configured: int | None) -> int:
@@ -105,6 +114,8 @@ class EngineServer:
         self.loop = asyncio.new_event_loop()
         self._session = None
         self._stopped = False
+        #: a failure named the log, so the stop keeps it
+        self._keep_log = False
         atexit.register(self._stop_at_exit)
 
     # ------------------------------------------------------------------ lifecycle
@@ -154,7 +165,7 @@ class EngineServer:
                 self.process.wait()
         self._stopped = True
         atexit.unregister(self._stop_at_exit)
-        if not keep_log and not exited_on_its_own:
+        if not (keep_log or self._keep_log or exited_on_its_own):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.log_path)
 
@@ -176,34 +187,35 @@ class EngineServer:
 
     # ------------------------------------------------------------------ HTTP
     async def _post_json(self, endpoint: str, payload: dict) -> Any:
-        """A generation request on `loop`: the answer's JSON, or RuntimeError with the status and body. A kept-alive
-        connection the server closed while idle (SGLang's closes after 5 s, and training between two generation
-        phases is longer) fails with ServerDisconnectedError before the request reached the engine: sent once more
-        on a fresh connection while the server's process runs."""
+        """A generation request on `loop`: the answer's JSON, or RuntimeError with the status and body. A connection
+        that fails names the server's exit code once its process is gone, else the failure, and keeps its log."""
         import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        for attempt in range(2):
-            try:
-                async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
-                    body = await response.text()
-                break
-            except aiohttp.ClientConnectionError as error:
-                exit_code = await self._exit_code_async()
-                if exit_code is not None:
-                    raise self._exited_error(endpoint, exit_code) from None
-                if attempt or not isinstance(error, aiohttp.ServerDisconnectedError):
-                    raise
-                logger.debug("the %s server %s closed a connection without answering /%s; sending it again",
-                             self.engine, self.url, endpoint)
+        try:
+            async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
+                body = await response.text()
+        except aiohttp.ClientConnectionError as error:
+            disconnected = isinstance(error, aiohttp.ServerDisconnectedError)
+            exit_code = await self._exit_code_async(DISCONNECT_EXIT_WAIT_S if disconnected else EXIT_WAIT_S)
+            if exit_code is not None:
+                raise self._exited_error(endpoint, exit_code) from None
+            if not disconnected:
+                raise
+            self._keep_log = True
+            raise ServerDisconnectedError(
+                f"the {self.engine} server {self.url} closed the connection of a /{endpoint} request without "
+                f"answering, and its process {self.process.pid} still runs; the last lines of its log "
+                f"{self.log_path} (kept):\n{_tail(self.log_path)}") from error
         if response.status != 200:
             raise RuntimeError(self._refusal(endpoint, response.status, body))
         return json.loads(body)
 
-    async def _exit_code_async(self) -> int | None:
-        """`_exit_code` without blocking the loop the other requests run on."""
-        deadline = time.monotonic() + EXIT_WAIT_S
+    async def _exit_code_async(self, wait_s: float) -> int | None:
+        """The server process's exit code within `wait_s`, or None; without blocking the loop the other requests
+        run on."""
+        deadline = time.monotonic() + wait_s
         while self.process.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         return self.process.returncode
