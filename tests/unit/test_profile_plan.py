@@ -57,9 +57,9 @@ def test_unsupported_profiler_settings_are_refused_before_ray():
     with pytest.raises(ConfigError) as e:
         validate(cfg, check_files=False)
     text = str(e.value)
-    assert "global_profiler.tool=precision_debugger: verlx profiles with torch or nsys" in text
-    assert "critic.profiler.tool=npu: verlx profiles with torch or nsys" in text
-    assert "Set critic.profiler.tool=torch or critic.profiler.tool=nsys" in text
+    assert "global_profiler.tool=precision_debugger: verlx profiles with torch, nsys, torch_memory" in text
+    assert "critic.profiler.tool=npu: verlx profiles with torch, nsys, torch_memory" in text
+    assert "Set critic.profiler.tool to one of torch, nsys, torch_memory" in text
     assert "critic.profiler.ranks=[0, 9]: ranks [9] do not exist among the 8 workers" in text
     assert "contents: ['flops'] are not among" in text
     rollout = config_from("global_profiler.tool=torch", "global_profiler.steps=[1]",

@@ -1,12 +1,14 @@
 """Typed config of veRL's profiler keys (global_profiler, and the profiler section of every role): mapped onto
-verlx's phase profiler (workers/profiling.py), which records phases with torch.profiler or Nsight Systems."""
+verlx's phase profiler (workers/profiling.py), which records phases with torch.profiler, Nsight Systems or torch's
+CUDA memory history (torch_memory)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # global_profiler.tool / <role>.profiler.tool: what verlx runs; veRL's others are refused naming these
-PROFILER_TOOLS = ("torch", "nsys")
+PROFILER_TOOLS = ("torch", "nsys", "torch_memory")
 # `nsys profile` options as Ray's runtime_env `nsight` field takes them: option name (without dashes) → value
 NsightOptions = dict[str, str | int | float | bool | None]
 
@@ -33,8 +35,23 @@ class GlobalNsysConfig:
 
 
 @dataclass
+class TorchMemoryToolConfig:
+    trace_alloc_max_entries: int = 100_000
+    stack_depth: int = 32
+    memory_snapshot_num_steps: int = 1
+
+
+@dataclass
+class GlobalTorchMemoryConfig(TorchMemoryToolConfig):
+    context: str = "all"
+    stacks: str = "all"
+    kw_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class GlobalToolConfig:
     nsys: GlobalNsysConfig = field(default_factory=GlobalNsysConfig)
+    torch_memory: GlobalTorchMemoryConfig = field(default_factory=GlobalTorchMemoryConfig)
 
 
 @dataclass
@@ -56,6 +73,7 @@ class TorchToolConfig:
 class RoleToolConfig:
     torch: TorchToolConfig = field(default_factory=TorchToolConfig)
     nsys: NsysToolConfig = field(default_factory=NsysToolConfig)
+    torch_memory: TorchMemoryToolConfig = field(default_factory=TorchMemoryToolConfig)
 
 
 @dataclass

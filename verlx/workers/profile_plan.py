@@ -4,7 +4,8 @@ global_profiler.{tool, steps, save_path} and each role's profiler section {enabl
 tool_config} pick what is recorded: a role's phases (ROLE_PHASES) at the listed training steps, on its ranks
 (all_ranks; ranks; rank 0 when enabled with none, as veRL does), with the role's tool. The selection is the same for
 every tool; only the recorder differs: torch writes a torch.profiler trace per phase call (veRL's discrete=true),
-nsys marks the calls for Nsight Systems (workers/nsight.py). veRL's other tools are refused naming these two.
+nsys marks the calls for Nsight Systems (workers/nsight.py), torch_memory records torch's CUDA memory history during
+each call and writes its snapshot (workers/memory_snapshots.py). veRL's npu and precision_debugger are refused.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import shutil
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from verlx.config.loader import Findings
 from verlx.config.profiler import PROFILER_TOOLS
@@ -31,6 +32,20 @@ ROLE_PHASES = {
 }
 # tool_config.torch.contents: what veRL records and verlx maps onto torch.profiler's arguments
 TORCH_CONTENTS = ("cuda", "cpu", "memory", "shapes", "stack")
+# torch.cuda.memory._record_memory_history's context and stacks (veRL's global_tool_config.torch_memory)
+MEMORY_CONTEXTS = ("state", "alloc", "all")
+MEMORY_STACKS = ("python", "all")
+
+
+@dataclass(frozen=True)
+class MemoryHistory:
+    """tool=torch_memory: torch.cuda.memory._record_memory_history's arguments, from the role's
+    tool_config.torch_memory and global_profiler.global_tool_config.torch_memory (context, stacks, kw_args)."""
+
+    max_entries: int
+    context: str
+    stacks: str
+    extra: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,7 @@ class PhaseRequest:
     contents: frozenset[str]
     tool: str
     discrete: bool  # the role's tool_config.<tool>.discrete (torch writes one trace per call either way)
+    memory: MemoryHistory | None = None  # tool=torch_memory
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,7 @@ class ProfiledCall:
     directory: str
     contents: frozenset[str]
     discrete: bool = True
+    memory: MemoryHistory | None = None
 
 
 class PhaseRecorder(Protocol):
@@ -92,6 +109,12 @@ def _ranks(section) -> frozenset[int] | None:
     return frozenset(section.ranks or [0])
 
 
+def _memory_history(config, section) -> MemoryHistory:
+    shared = config.global_profiler.global_tool_config.torch_memory
+    return MemoryHistory(int(section.tool_config.torch_memory.trace_alloc_max_entries), shared.context,
+                         shared.stacks, tuple(sorted(dict(shared.kw_args).items())))
+
+
 def profile_plan(config) -> ProfilePlan | None:
     """What the profiler keys ask verlx to trace; None when nothing (no steps, or no enabled role with a tool)."""
     steps = config.global_profiler.steps
@@ -104,7 +127,8 @@ def profile_plan(config) -> ProfilePlan | None:
         directory = expand_path(section.save_path or config.global_profiler.save_path, absolute=True)
         tool_config = getattr(section.tool_config, section.tool, None)
         request = PhaseRequest(directory, _ranks(section), frozenset(section.tool_config.torch.contents),
-                               section.tool, getattr(tool_config, "discrete", True))
+                               section.tool, getattr(tool_config, "discrete", True),
+                               _memory_history(config, section) if section.tool == "torch_memory" else None)
         phases.update({phase: request for phase in ROLE_PHASES[key]})
     if not phases:
         return None
@@ -136,6 +160,7 @@ def check_profiler(config, f: Findings, world_size: int) -> None:
                   "actor_rollout_ref.rollout.profiler.enable=true with actor_rollout_ref.hybrid_engine=false: verlx "
                   "profiles the rollout engines colocated with the actor only; profile the trainer's roles instead")
     check_nsys(config, f)
+    check_torch_memory(config, f)
     if enabled and not g.steps:
         f.warnings.append(f"the profiler of {', '.join(enabled)} is enabled but global_profiler.steps is null: "
                           "nothing is profiled (set e.g. global_profiler.steps=[1,2])")
@@ -146,20 +171,47 @@ def check_profiler(config, f: Findings, world_size: int) -> None:
 
 def check_nsys(config, f: Findings) -> None:
     """tool=nsys records CUDA activity of workers Ray starts under `nsys profile`: a CUDA run, nsys on PATH."""
-    nsys_roles = [key for key, s in role_sections(config).items() if s.enable and s.tool == "nsys"]
-    if not nsys_roles or not config.global_profiler.steps:
+    key = _cuda_tool_key(config, "nsys", "Nsight Systems records CUDA workers")
+    if key is not None:
+        f.require(config.trainer.device == "cuda", key[1])
+        f.require(shutil.which("nsys") is not None, f"{key[0]}=nsys: the nsys command (Nsight Systems) is not on "
+                  f"PATH; install Nsight Systems on every node and put nsys on PATH, or set {key[0]}=torch")
+
+
+def check_torch_memory(config, f: Findings) -> None:
+    """tool=torch_memory records the CUDA caching allocator: a CUDA run, torch's own settings in range."""
+    key = _cuda_tool_key(config, "torch_memory", "torch's memory history records the CUDA caching allocator")
+    if key is None:
         return
-    key = "global_profiler.tool" if config.global_profiler.tool == "nsys" else f"{nsys_roles[0]}.profiler.tool"
-    f.require(config.trainer.device == "cuda", f"{key}=nsys with trainer.device={config.trainer.device}: Nsight "
-              f"Systems records CUDA workers; run on GPUs (trainer.device=cuda) or set {key}=torch")
-    f.require(shutil.which("nsys") is not None, f"{key}=nsys: the nsys command (Nsight Systems) is not on PATH; "
-              f"install Nsight Systems on every node and put nsys on PATH, or set {key}=torch")
+    f.require(config.trainer.device == "cuda", key[1])
+    shared = config.global_profiler.global_tool_config.torch_memory
+    where = "global_profiler.global_tool_config.torch_memory"
+    f.require(shared.context in MEMORY_CONTEXTS, f"{where}.context={shared.context!r}: torch records "
+              f"{', '.join(MEMORY_CONTEXTS)}")
+    f.require(shared.stacks in MEMORY_STACKS, f"{where}.stacks={shared.stacks!r}: torch records "
+              f"{' or '.join(MEMORY_STACKS)} stacks")
+    for section_key, section in role_sections(config).items():
+        if section.enable and section.tool == "torch_memory":
+            entries = section.tool_config.torch_memory.trace_alloc_max_entries
+            f.require(int(entries) >= 1, f"{section_key}.profiler.tool_config.torch_memory.trace_alloc_max_entries="
+                      f"{entries}: the history keeps at least one allocation (veRL's default: 100000)")
+
+
+def _cuda_tool_key(config, tool: str, why: str) -> tuple[str, str] | None:
+    """(the key that chose `tool`, the message refusing a run off CUDA) when an enabled role records with it at
+    some step, else None."""
+    roles = [key for key, s in role_sections(config).items() if s.enable and s.tool == tool]
+    if not roles or not config.global_profiler.steps:
+        return None
+    key = "global_profiler.tool" if config.global_profiler.tool == tool else f"{roles[0]}.profiler.tool"
+    return key, (f"{key}={tool} with trainer.device={config.trainer.device}: {why}; run on GPUs "
+                 f"(trainer.device=cuda) or set {key}=torch")
 
 
 def _tool_problem(key: str, tool) -> str:
-    return (f"{key}={tool}: verlx profiles with {' or '.join(PROFILER_TOOLS)} (torch.profiler traces, or Nsight "
-            "Systems ranges, of each phase: workers/profiling.py); NPU, torch_memory and precision_debugger "
-            f"profiling are not supported. Set {key}=torch or {key}=nsys")
+    return (f"{key}={tool}: verlx profiles with {', '.join(PROFILER_TOOLS)} (torch.profiler traces, Nsight Systems "
+            "ranges or CUDA memory snapshots of each phase: workers/profiling.py); NPU and precision_debugger "
+            f"profiling are not supported. Set {key} to one of {', '.join(PROFILER_TOOLS)}")
 
 
 def worker_nsight_options(config) -> dict[str, str] | None:
@@ -235,5 +287,19 @@ def _nsys_notes(config, plan: ProfilePlan, phases: dict[str, PhaseRequest]) -> l
             "options"]
 
 
+def _torch_memory_notes(config, plan: ProfilePlan, phases: dict[str, PhaseRequest]) -> list[str]:
+    directories = sorted({r.directory for r in phases.values()})
+    notes = [f"profiler keys → torch's CUDA memory history: {_selection(plan, phases)}, recorded during each such "
+             f"phase call and written as a snapshot into {', '.join(directories)} as <phase>_step<N>_rank<R>.pickle "
+             "(also when the call fails, an out-of-memory error included; open it in https://pytorch.org/memory_viz)"]
+    sections = [s for s in role_sections(config).values() if s.enable and s.tool == "torch_memory"]
+    if any(s.tool_config.torch_memory.memory_snapshot_num_steps != 1 for s in sections):
+        notes.append("profiler tool_config.torch_memory.memory_snapshot_num_steps (veRL: one snapshot over that many "
+                     "profiled steps): verlx writes one snapshot per phase call and step")
+    notes.append("profiler tool_config.torch_memory.stack_depth is not used: torch records whole stacks "
+                 "(global_profiler.global_tool_config.torch_memory.stacks: python or all)")
+    return notes
+
+
 # what each tool's notes say (profiler_notes)
-TOOL_NOTES = {"torch": _torch_notes, "nsys": _nsys_notes}
+TOOL_NOTES = {"torch": _torch_notes, "nsys": _nsys_notes, "torch_memory": _torch_memory_notes}

@@ -11,7 +11,8 @@ veRL's profiler keys (global_profiler.steps, each role's profiler section) selec
 (workers/profile_plan.py): the driver tells the workers each step's number (`set_profile_step`), and a selected
 phase is recorded by its role's tool (RECORDERS): torch writes `<phase>_step<n>_rank<r>.json` (a second call in one
 step, e.g. DAPO's extra generation rounds, adds `_2`, `_3`, ...); nsys marks the call for Nsight Systems
-(workers/nsight.py) and runs no torch.profiler.
+(workers/nsight.py) and runs no torch.profiler; torch_memory writes the call's CUDA memory snapshot as
+`<phase>_step<n>_rank<r>.pickle` (workers/memory_snapshots.py).
 
 A profiled call writes `<phase>_call<n>_rank<r>.json` (a Chrome trace: chrome://tracing or Perfetto) and
 `<phase>_call<n>_rank<r>_summary.json`: the phase's wall time; the device's busy time (the union of its kernel
@@ -34,6 +35,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from verlx.single_controller import Dispatch, register
+from verlx.workers.memory_snapshots import MemorySnapshots
 from verlx.workers.nsight import NsightRanges
 from verlx.workers.profile_plan import PhaseRecorder, ProfiledCall, ProfilePlan, profile_plan
 
@@ -97,7 +99,7 @@ def _wanted(phase: str, rank: int) -> tuple[str, ProfiledCall] | None:
         repeat = _calls[(phase, _step)]
         name = f"{phase}_step{_step}_rank{rank}" + (f"_{repeat}" if repeat > 1 else "")
         return request.tool, ProfiledCall(phase, rank, _step, repeat, name, request.directory, request.contents,
-                                          request.discrete)
+                                          request.discrete, request.memory)
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return None
@@ -168,7 +170,8 @@ class TorchTrace:
 
 
 # the recorder of each profiler tool (global_profiler.tool, <role>.profiler.tool; config/profiler.PROFILER_TOOLS)
-RECORDERS: dict[str, type[PhaseRecorder]] = {"torch": TorchTrace, "nsys": NsightRanges}
+RECORDERS: dict[str, type[PhaseRecorder]] = {"torch": TorchTrace, "nsys": NsightRanges,
+                                             "torch_memory": MemorySnapshots}
 
 
 def _has_ancestor(event, names: frozenset) -> bool:

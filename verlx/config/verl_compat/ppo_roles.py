@@ -19,11 +19,10 @@ def role_profiler_rows(section: str) -> list:
     """A role's profiler keys that verlx's phase profiler has no use for (ppo_run.profiler_rows, and the tools')."""
     from verlx.config.verl_compat.ppo_run import profiler_rows
 
-    tools = "which verlx refuses as the profiler tool, naming torch and nsys"
+    tools = "which verlx refuses as the profiler tool, naming the tools it has"
     return [
         *profiler_rows(section),
         Ignored(f"{section}.tool_config.npu", f"read only by the Ascend NPU profiler, {tools}"),
-        Ignored(f"{section}.tool_config.torch_memory", f"read only by the torch_memory tool, {tools}"),
         Ignored(f"{section}.tool_config.precision_debugger", f"read only by the precision_debugger tool, {tools}"),
         Ignored(f"{section}.tool_config.torch.schedule", "verlx traces each phase whole (a schedule would keep only "
                 "some of the update's mini-batches in the trace)"),

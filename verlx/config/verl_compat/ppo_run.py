@@ -106,9 +106,8 @@ TRAINER = [
 
 RUN_WIDE = [
     *profiler_rows("global_profiler"),
-    *[Ignored(f"global_profiler.global_tool_config.{tool}", f"settings of veRL's {tool} profiler, which verlx "
-              "refuses as global_profiler.tool, naming torch and nsys")
-      for tool in ("torch_memory", "precision_debugger")],
+    Ignored("global_profiler.global_tool_config.precision_debugger", "settings of veRL's precision_debugger "
+            "profiler, which verlx refuses as global_profiler.tool, naming the tools it has"),
     Refused("distillation", "on-policy distillation (teacher models)", switch="distillation.enabled"),
     Refused("transfer_queue", "TransferQueue", switch="transfer_queue.enable"),
     Refused("skip.rollout", "rollout skipping (replaying dumped rollouts)", switch="skip.rollout.enable"),
