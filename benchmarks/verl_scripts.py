@@ -119,7 +119,7 @@ FAMILIES = (
     (r"context_parallel_size|context-parallel", "megatron context parallelism"),
     (r"multi_turn\.enable=true with actor_rollout_ref\.rollout\.name=vllm", "multi-turn tools on vLLM without async"),
     (r"=nsys: the nsys command", "Nsight Systems (nsys) not installed here"),
-    (r"profiler\.tool=", "profiler tools verlx lacks (npu, torch_memory, precision_debugger)"),
+    (r"profiler\.tool=", "profiler tools verlx lacks (npu, precision_debugger)"),
     (r"in_pipeline_split", "megatron's uneven pipeline split"),
     (r"veRL's own classes", "veRL's own classes (tools, agent loops, reward managers)"),
     (r"needs a rollout engine that takes image inputs", "image input of the rollout engine (vision-language models on "

@@ -33,6 +33,8 @@ import urllib.error
 import urllib.request
 from typing import Any, ClassVar
 
+from verlx.utils.errors import VerlxError
+
 #: seconds between two health checks of a starting server
 HEALTH_POLL_S = 0.5
 #: seconds a control call (sleep, wake, weights, caches) may take
@@ -47,15 +49,15 @@ DISCONNECT_EXIT_WAIT_S = 10.0
 logger = logging.getLogger(__name__)
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(VerlxError):
     """An engine server did not come up: where it was to listen, what its log says and what to check."""
 
 
-class ServerExitedError(RuntimeError):
+class ServerExitedError(VerlxError):
     """A running engine server's process exited on its own: its exit code and its log (kept)."""
 
 
-class ServerDisconnectedError(RuntimeError):
+class ServerDisconnectedError(VerlxError):
     """A running engine server closed a request's connection without answering and its process still runs: its
     log (kept)."""
 
