@@ -49,15 +49,15 @@ DISCONNECT_EXIT_WAIT_S = 10.0
 logger = logging.getLogger(__name__)
 
 
-class ServerStartError(VerlxError):
+class ServerStartError(VerlxError, RuntimeError):
     """An engine server did not come up: where it was to listen, what its log says and what to check."""
 
 
-class ServerExitedError(VerlxError):
+class ServerExitedError(VerlxError, RuntimeError):
     """A running engine server's process exited on its own: its exit code and its log (kept)."""
 
 
-class ServerDisconnectedError(VerlxError):
+class ServerDisconnectedError(VerlxError, RuntimeError):
     """A running engine server closed a request's connection without answering and its process still runs: its
     log (kept)."""
 
