@@ -71,12 +71,12 @@ MEASURED = """\
 --verl-commit C`) writes a veRL checkout and its recipe submodule into a temporary directory, runs every `*.sh`
 under `examples/` and `recipe/` with recording shims in place of python, torchrun, ray and the like, and composes,
 types and preflights each trainer command line it launches, `verl.` read as `verlx.`, without Ray or GPUs. Measured
-2026-11-26 on this branch (a CPU machine without transformer-engine or DeepEP):
+2026-11-27 on main (a CPU machine without transformer-engine, DeepEP or Nsight Systems):
 
 | set | veRL commit | recipe commit | pass preflight | refused: a missing feature | by veRL too | otherwise | crashed |
 |---|---|---|---|---|---|---|---|
-| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 130 / 201 | 51 | 4 | 16 | 0 |
-| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 75 / 191 | 92 | 2 | 22 | 0 |
+| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 131 / 201 | 48 | 4 | 18 | 0 |
+| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 77 / 191 | 90 | 2 | 22 | 0 |
 
 "Refused otherwise": at least one problem is worded other than "does not support": transformer-engine and DeepEP
 options (those packages are not installed here), megatron context parallelism and uneven pipeline splits, multi-turn
@@ -85,18 +85,20 @@ step_start/step_end, rollout_correction.use_policy_gradient, critic.entropy_chec
 does not divide. The refusal families that block the most commands (commands blocked; blocked by that family alone):
 
 - 2026-01: transformer-engine options (10; 4), veRL's own tool, agent-loop and reward-manager classes (10; 4;
-  among them the retool recipe's own sandbox tool, `recipe.retool.retool.CustomSandboxFusionTool`), megatron
-  CPU offload (5; 0), multi-turn tools on vLLM without async (5; 0), the agent loop with vision-language models (4;
-  3), DeepEP options (3; 0), profiler tools verlx lacks (npu, torch_memory: 3; 3), the vision-language architecture
-  Qwen3-VL (3; 3), Nsight Systems not installed here (2; 2). Interactions (simulated users), which blocked 4 scripts
-  (3 alone), are supported now: those 3 pass. `global_profiler.tool=nsys` runs since 2026-11-27 (CPU-tested,
-  docs/benchmarks.md): the two nsys scripts are refused here only because this CPU machine has no `nsys` on PATH
-  (their one problem; re-measured 2026-11-27 with the same totals), so on a machine with Nsight Systems installed
-  the 2026-01 figure is 132 / 201.
+  among them the retool recipe's own sandbox tool, `recipe.retool.retool.CustomSandboxFusionTool`, whose file also
+  imports veRL's modules), megatron CPU offload (5; 0), multi-turn tools on vLLM without async (5; 0), the agent
+  loop with vision-language models (4; 3), DeepEP options (3; 0), the megatron engine with vision-language models
+  (3; 2), the Ascend NPU and precision_debugger profilers (2; 2), Qwen3-VL's mixtures of experts (`qwen3_vl_moe`:
+  2; 2), Nsight Systems not installed here (2; 2). Since 2026-11-27 `global_profiler.tool=torch_memory` runs (CPU
+  memory snapshots of each profiled phase, run on an H100: docs/benchmarks.md), which passes one more script, and
+  the dense Qwen3-VL trains on FSDP (docs/vision_language.md): its 2026-01 scripts use megatron or the MoE models,
+  so they stay refused. The two nsys scripts are refused here only because this CPU machine has no `nsys` on PATH
+  (their one problem), so on a machine with Nsight Systems installed the 2026-01 figure is 133 / 201.
 - 2026-08: Ascend NPUs (14; 8), transformer-engine options (10; 5), veRL's own classes (10; 4), VeOmni (8; 8),
-  expert-parallel rollout engines (7; 1), the vision-language architectures Qwen3.5 (6; 6) and Qwen3-VL (5; 5),
-  on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0),
-  quantization-aware training (4; 4).
+  expert-parallel rollout engines (7; 1), the vision-language architecture Qwen3.5 (6; 6), on-policy distillation
+  (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0), quantization-aware training
+  (4; 4), `qwen3_vl_moe` (3; 3). Qwen3-VL-8B on FSDP passes since 2026-11-27 (it was refused for its architecture
+  alone), and one torch_memory script.
 
 The launch harness stands in a vision-language config.json for the hub names of vision-language checkpoints
 (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V, Kimi-VL, MiniCPM-o), so their runs are refused as verlx refuses
