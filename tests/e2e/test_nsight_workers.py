@@ -5,6 +5,7 @@ stand-in `nsys` on PATH logs its command line and runs the worker, whose environ
 from __future__ import annotations
 
 import os
+import sys
 
 import ray
 
@@ -37,7 +38,9 @@ def test_the_trainer_workers_start_under_nsys_profile_with_the_worker_options(tm
     log = tmp_path / "nsys.log"
     (tmp_path / "nsys").write_text(STAND_IN_NSYS.format(log=log))
     (tmp_path / "nsys").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    # the stand-in runs the worker's command as Ray gives it, `python ...` found on PATH: this interpreter's (a venv
+    # not activated would otherwise start workers without Ray, retried for minutes)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path), os.path.dirname(sys.executable), os.environ["PATH"]]))
     ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False,
              runtime_env={"env_vars": {"FROM_RAY_INIT": "kept"}})
     config = build(PPOConfig, to_container(load_yaml(overrides=NSYS_KEYS)))
