@@ -103,6 +103,11 @@ def role_sections(config) -> dict:
             "reward_model": config.reward_model.profiler}
 
 
+def sections_with_tool(config, tool: str) -> dict:
+    """The enabled roles' profiler sections that record with `tool`, by key."""
+    return {key: s for key, s in role_sections(config).items() if s.enable and s.tool == tool}
+
+
 def _ranks(section) -> frozenset[int] | None:
     if section.all_ranks:
         return None
@@ -190,17 +195,16 @@ def check_torch_memory(config, f: Findings) -> None:
               f"{', '.join(MEMORY_CONTEXTS)}")
     f.require(shared.stacks in MEMORY_STACKS, f"{where}.stacks={shared.stacks!r}: torch records "
               f"{' or '.join(MEMORY_STACKS)} stacks")
-    for section_key, section in role_sections(config).items():
-        if section.enable and section.tool == "torch_memory":
-            entries = section.tool_config.torch_memory.trace_alloc_max_entries
-            f.require(int(entries) >= 1, f"{section_key}.profiler.tool_config.torch_memory.trace_alloc_max_entries="
-                      f"{entries}: the history keeps at least one allocation (veRL's default: 100000)")
+    for section_key, section in sections_with_tool(config, "torch_memory").items():
+        entries = section.tool_config.torch_memory.trace_alloc_max_entries
+        f.require(int(entries) >= 1, f"{section_key}.profiler.tool_config.torch_memory.trace_alloc_max_entries="
+                  f"{entries}: the history keeps at least one allocation (veRL's default: 100000)")
 
 
 def _cuda_tool_key(config, tool: str, why: str) -> tuple[str, str] | None:
     """(the key that chose `tool`, the message refusing a run off CUDA) when an enabled role records with it at
     some step, else None."""
-    roles = [key for key, s in role_sections(config).items() if s.enable and s.tool == tool]
+    roles = list(sections_with_tool(config, tool))
     if not roles or not config.global_profiler.steps:
         return None
     key = "global_profiler.tool" if config.global_profiler.tool == tool else f"{roles[0]}.profiler.tool"
@@ -260,8 +264,7 @@ def _torch_notes(config, plan: ProfilePlan, phases: dict[str, PhaseRequest]) -> 
     directories = sorted({r.directory for r in phases.values()})
     notes = [f"profiler keys → verlx's phase profiler: {_selection(plan, phases)}, traced with torch.profiler into "
              f"{', '.join(directories)} as <phase>_step<N>_rank<R>.json with a _summary.json"]
-    discrete_off = [key for key, s in role_sections(config).items()
-                    if s.enable and s.tool == "torch" and not s.tool_config.torch.discrete]
+    discrete_off = [s for s in sections_with_tool(config, "torch").values() if not s.tool_config.torch.discrete]
     if discrete_off or config.global_profiler.profile_continuous_steps:
         notes.append("profiler tool_config.torch.discrete=false / global_profiler.profile_continuous_steps (veRL: one "
                      "trace over a whole step or several): verlx writes one trace per phase and step")
@@ -292,8 +295,8 @@ def _torch_memory_notes(config, plan: ProfilePlan, phases: dict[str, PhaseReques
     notes = [f"profiler keys → torch's CUDA memory history: {_selection(plan, phases)}, recorded during each such "
              f"phase call and written as a snapshot into {', '.join(directories)} as <phase>_step<N>_rank<R>.pickle "
              "(also when the call fails, an out-of-memory error included; open it in https://pytorch.org/memory_viz)"]
-    sections = [s for s in role_sections(config).values() if s.enable and s.tool == "torch_memory"]
-    if any(s.tool_config.torch_memory.memory_snapshot_num_steps != 1 for s in sections):
+    if any(s.tool_config.torch_memory.memory_snapshot_num_steps != 1
+           for s in sections_with_tool(config, "torch_memory").values()):
         notes.append("profiler tool_config.torch_memory.memory_snapshot_num_steps (veRL: one snapshot over that many "
                      "profiled steps): verlx writes one snapshot per phase call and step")
     notes.append("profiler tool_config.torch_memory.stack_depth is not used: torch records whole stacks "
