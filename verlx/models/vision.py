@@ -58,10 +58,15 @@ class VisionLanguageModel:
 
     def checkpoint_weight_name(self, name: str) -> str:
         """A policy parameter's name as the checkpoint stores it (lm_head and checkpoint names are unchanged)."""
-        for ours, theirs in self.architecture.checkpoint_prefixes:
-            if name.startswith(ours):
-                return theirs + name[len(ours):]
-        return name
+        return renamed_by_prefix(name, self.architecture.checkpoint_prefixes)
+
+
+def renamed_by_prefix(name: str, prefixes: tuple[tuple[str, str], ...]) -> str:
+    """`name` with the first of `prefixes` (old, new) it starts with replaced; unchanged when none matches."""
+    for old, new in prefixes:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
 
 
 def vision_language_model(hf_config, key: str = "actor_rollout_ref.model.path") -> VisionLanguageModel | None:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from verlx.models.vision import vision_language_model
+from verlx.models.vision import renamed_by_prefix, vision_language_model
 from verlx.rollout.base import RolloutContext, SamplingParams
 from verlx.rollout.engine_layout import EngineLayout
 from verlx.rollout.kernel_backends import KernelInventory, vllm_backends
@@ -157,10 +157,7 @@ VISION_LANGUAGE_PREFIXES = (
 def vision_language_param_name(name: str) -> str:
     """The vLLM parameter a Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint name loads into (before q/k/v and gate/up
     fusion)."""
-    for prefix, replacement in VISION_LANGUAGE_PREFIXES:
-        if name.startswith(prefix):
-            return replacement + name[len(prefix):]
-    return name
+    return renamed_by_prefix(name, VISION_LANGUAGE_PREFIXES)
 
 
 def unloaded_names(sent: list[str], loaded: set[str], packed_modules_mapping: dict[str, list[str]],
