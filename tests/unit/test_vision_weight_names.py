@@ -134,12 +134,16 @@ def test_the_fused_parameters_are_found_on_vllms_text_model_inside_the_vision_la
     assert packed_modules_mapping_of(TextModel()) == PACKED and packed_modules_mapping_of(torch.nn.Linear(2, 2)) == {}
 
 
+def _sglang_engine(path, hf_config) -> SGLangRolloutEngine:
+    """The SGLang stand-in engine over the tiny checkpoint at `path`, reading `hf_config` as the model's config."""
+    ctx = RolloutContext(config=RolloutConfig(response_length=6, prompt_length=8, seed=5), model_path=path,
+                         hf_config=hf_config, device=torch.device("cpu"), pad_token_id=PAD, eos_token_ids=[EOS])
+    return SGLangRolloutEngine(ctx)
+
+
 def test_sglang_gets_the_checkpoint_names_and_the_push_is_complete(tiny, fake_sglang):
     path, model, stored = tiny
-    ctx = RolloutContext(config=RolloutConfig(response_length=6, prompt_length=8, seed=5), model_path=path,
-                         hf_config=AutoConfig.from_pretrained(path), device=torch.device("cpu"), pad_token_id=PAD,
-                         eos_token_ids=[EOS])
-    engine = SGLangRolloutEngine(ctx)
+    engine = _sglang_engine(path, AutoConfig.from_pretrained(path))
     assert not engine.residency.weights_current  # load_format dummy: a complete push is needed
     engine.update_weights(model.named_parameters(), version=1)
     sent = [name for call in fake_sglang.calls if call[0] == "update_weights_from_tensor" for name in call[1]]
@@ -154,10 +158,7 @@ def test_a_push_under_transformers_names_would_be_incomplete(tiny, fake_sglang):
     """Without the checkpoint layout the engine would be sent names its loader skips (SGLang's Qwen2.5-VL loader
     skips a name it does not know), and the push counts as incomplete."""
     path, model, _ = tiny
-    ctx = RolloutContext(config=RolloutConfig(response_length=6, prompt_length=8, seed=5), model_path=path,
-                         hf_config=SimpleNamespace(tie_word_embeddings=False), device=torch.device("cpu"),
-                         pad_token_id=PAD, eos_token_ids=[EOS])
-    engine = SGLangRolloutEngine(ctx)  # a text model's config: no renaming
+    engine = _sglang_engine(path, SimpleNamespace(tie_word_embeddings=False))  # a text model's config: no renaming
     engine.update_weights(model.named_parameters(), version=1)
     assert not engine.residency.weights_current
 
@@ -183,10 +184,7 @@ def test_qwen3_vl_is_pushed_under_transformers_names_which_vllm_maps(tiny_qwen3)
 
 def test_sglang_gets_qwen3_vl_names_unchanged_and_the_push_is_complete(tiny_qwen3, fake_sglang):
     path, model, stored = tiny_qwen3
-    ctx = RolloutContext(config=RolloutConfig(response_length=6, prompt_length=8, seed=5), model_path=path,
-                         hf_config=AutoConfig.from_pretrained(path), device=torch.device("cpu"), pad_token_id=PAD,
-                         eos_token_ids=[EOS])
-    engine = SGLangRolloutEngine(ctx)
+    engine = _sglang_engine(path, AutoConfig.from_pretrained(path))
     engine.update_weights(model.named_parameters(), version=1)
     sent = [name for call in fake_sglang.calls if call[0] == "update_weights_from_tensor" for name in call[1]]
     assert sorted(sent) == sorted(stored)
