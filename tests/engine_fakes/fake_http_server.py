@@ -3,7 +3,9 @@ health endpoint, the request log their start-up errors quote, serving on a host 
 package a server subprocess imports to install the stand-in. With FAKE_SERVER_REQUEST_LOG set, the request log
 also goes to that file (a test's own copy: verlx removes the server's log after a clean stop). With
 FAKE_SERVER_DROP=<path>:<count> the server closes the connection of the first <count> requests to <path> without
-answering (what a kept-alive connection the server closed while idle does to the next request on it)."""
+answering (what a kept-alive connection the server closed while idle does to the next request on it).
+FAKE_SERVER_KEEPALIVE_S=<seconds> the server closes a connection idle this long (uvicorn, which the engines' servers
+run on, closes after 5 s; aiohttp's own default is 75 s)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import signal
 REQUEST_LOG_ENV = "FAKE_SERVER_REQUEST_LOG"
 #: <path>:<count>: requests to drop unanswered
 DROP_ENV = "FAKE_SERVER_DROP"
+#: seconds an idle kept-alive connection stays open
+KEEPALIVE_ENV = "FAKE_SERVER_KEEPALIVE_S"
 
 
 class FakeHTTPServer:
@@ -75,7 +79,7 @@ class FakeHTTPServer:
         """Serve on host:port (an address in use raises, as the engines' servers do) until SIGTERM or `run` ends."""
         from aiohttp import web
 
-        runner = web.AppRunner(self.app())
+        runner = web.AppRunner(self.app(), keepalive_timeout=float(os.environ.get(KEEPALIVE_ENV, 75.0)))
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

@@ -7,8 +7,8 @@ Its log (`$TMPDIR/verlx_<engine>_server_rank<R>_port<P>.log`) is removed when ve
 (`shutdown()`, which a run's end reaches through Worker.close), and kept wherever it may explain something: a server
 that did not come up (ServerStartError names it), a start that raised after the server came up
 (`shutdown(keep_log=True)`), a server process that exited on its own (the request that found it gone raises
-ServerExitedError naming its exit code and log; shutdown warns with the path), a request whose connection the
-running server closed without answering (ServerDisconnectedError names the log), a stop that raised, and a server
+ServerExitedError naming its exit code and log; shutdown warns with the path), a request whose connection to the
+running server failed without an answer (ServerDisconnectedError names the log), a stop that raised, and a server
 stopped only by the interpreter's exit (no one called shutdown: an uncaught error may be why).
 
 `EngineServer` is that client; sglang_server.py and vllm_server.py add each engine's endpoints and its server
@@ -42,8 +42,8 @@ CONTROL_TIMEOUT_S = 600.0
 LOG_TAIL_LINES = 20
 #: seconds a failed connection waits for the server process to be seen exited
 EXIT_WAIT_S = 1.0
-#: the same for a connection the server closed mid-request: a crashing SGLang server tears its process tree down
-#: after its scheduler died, which takes longer than a refused connection's server to be gone
+#: the same for a generation request's failed connection: a crashing SGLang server tears its process tree down after
+#: its scheduler died, which takes longer than a refused connection's server to be gone
 DISCONNECT_EXIT_WAIT_S = 10.0
 
 logger = logging.getLogger(__name__)
@@ -58,8 +58,8 @@ class ServerExitedError(VerlxError, RuntimeError):
 
 
 class ServerDisconnectedError(VerlxError, RuntimeError):
-    """A running engine server closed a request's connection without answering and its process still runs: its
-    log (kept)."""
+    """A request's connection to a running engine server failed without an answer (closed, reset, broken) and
+    the server's process still runs: the error and the server's log (kept)."""
 
 
 def server_port(layout, configured: int | None) -> int:
@@ -194,22 +194,23 @@ class EngineServer:
         import aiohttp
 
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+            # A connection per request (force_close): this loop runs only while a step generates, so a kept-alive
+            # connection the server closed while idle (uvicorn's keep-alive is 5 s) still looks open to the pool at
+            # the next step, and the request written on it fails ("Server disconnected", "Broken pipe").
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                                  connector=aiohttp.TCPConnector(force_close=True))
         try:
             async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
                 body = await response.text()
         except aiohttp.ClientConnectionError as error:
-            disconnected = isinstance(error, aiohttp.ServerDisconnectedError)
-            exit_code = await self._exit_code_async(DISCONNECT_EXIT_WAIT_S if disconnected else EXIT_WAIT_S)
+            exit_code = await self._exit_code_async(DISCONNECT_EXIT_WAIT_S)
             if exit_code is not None:
                 raise self._exited_error(endpoint, exit_code) from None
-            if not disconnected:
-                raise
             self._keep_log = True
             raise ServerDisconnectedError(
-                f"the {self.engine} server {self.url} closed the connection of a /{endpoint} request without "
-                f"answering, and its process {self.process.pid} still runs; the last lines of its log "
-                f"{self.log_path} (kept):\n{_tail(self.log_path)}") from error
+                f"the {self.engine} server {self.url} failed a /{endpoint} request on its connection without "
+                f"answering ({type(error).__name__}: {error}), and its process {self.process.pid} still runs; the "
+                f"last lines of its log {self.log_path} (kept):\n{_tail(self.log_path)}") from error
         if response.status != 200:
             raise RuntimeError(self._refusal(endpoint, response.status, body))
         return json.loads(body)
