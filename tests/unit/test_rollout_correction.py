@@ -49,6 +49,21 @@ def test_token_truncated_is_weights_and_statistics():
     assert not weights.requires_grad
 
 
+def test_a_lower_upper_threshold_zeroes_weights_outside_the_interval_icepop():
+    weights, m = is_weights(LOG_RATIO, MASK, "token", threshold="0.6_5")
+    assert close(weights, [[0.0, 1.0, 3.0], [1.5, 4.0, 0.0]])  # 0.5 < 0.6 dropped; inside kept untruncated
+    assert close(m["rollout_is_oob_ratio"], 1 / 5) and close(m["rollout_is_ratio_fraction_low"], 1 / 5)
+    assert close(m["rollout_is_mean"], (1.0 + 3.0 + 1.5 + 4.0) / 5)
+    narrow, n = is_weights(LOG_RATIO, MASK, "token", threshold="0.45_2.5")
+    assert close(narrow, [[0.5, 1.0, 0.0], [1.5, 0.0, 0.0]])  # 3 and 4 above 2.5: dropped, not truncated
+    assert close(n["rollout_is_oob_ratio"], 2 / 5) and close(n["rollout_is_ratio_fraction_high"], 2 / 5)
+    seq, s = is_weights(LOG_RATIO, MASK, "sequence", threshold="0.5_2")
+    assert close(seq, [[1.5, 1.5, 1.5], [0.0, 0.0, 0.0]])  # products 1.5 (kept) and 6 (outside)
+    assert close(s["rollout_is_oob_ratio"], 2 / 5)  # per token: the second response's two tokens
+    plain, p = is_weights(LOG_RATIO, MASK, "token", threshold="2.0")
+    assert close(plain, [[0.5, 1.0, 2.0], [1.5, 2.0, 0.0]]) and "rollout_is_oob_ratio" not in p
+
+
 def test_sequence_and_geometric_levels():
     seq, m = is_weights(LOG_RATIO, MASK, "sequence", threshold=2.0)
     assert close(seq, [[1.5, 1.5, 1.5], [2.0, 2.0, 0.0]])  # products 1.5 and 6 -> truncated to 2
@@ -141,6 +156,8 @@ def test_registries_list_veRL_option_names():
 @pytest.mark.parametrize("overrides,message", [
     (["algorithm.rollout_correction.rollout_is_threshold=0"], "rollout_is_threshold=0.0 must be a positive"),
     (["algorithm.rollout_correction.rollout_is_threshold=-1.5"], "rollout_is_threshold=-1.5 must be a positive"),
+    (["algorithm.rollout_correction.rollout_is_threshold=4.0_0.5"], "'lower_upper' with 0 < lower <= upper"),
+    (["algorithm.rollout_correction.rollout_is_threshold=0.5_x"], "nor 'lower_upper' (IcePop"),
     (["algorithm.rollout_correction.rollout_is=tokn"], "Did you mean 'token'?"),
     (["algorithm.rollout_correction.rollout_rs=token_k4", "algorithm.rollout_correction.rollout_rs_threshold=2"],
      "unknown rollout rejection option 'token_k4'"),
@@ -152,3 +169,11 @@ def test_bad_rollout_correction_config_is_named(overrides, message):
     cfg = build(PPOConfig, to_container(load_yaml(overrides=overrides)))
     problems = rollout_correction_problems(cfg)
     assert any(message in p for p in problems), problems
+
+
+def test_an_icepop_threshold_from_the_command_line_is_accepted():
+    cfg = build(PPOConfig, to_container(load_yaml(overrides=[
+        "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0.5_4.0",
+        "actor_rollout_ref.rollout.calculate_log_probs=true"])))
+    assert cfg.algorithm.rollout_correction.rollout_is_threshold == "0.5_4.0"
+    assert rollout_correction_problems(cfg) == []

@@ -8,7 +8,9 @@ Everything starts from the per-token log ratio log r = log π_old − log π_rol
   `token` (log r itself: truncated IS, TIS), `sequence` (the sum over the response: the product of the ratios,
   broadcast to its tokens) and `geometric` (the mean over the response: the geometric mean of the ratios). The
   weight exp(log weight), bounded to [e^-20, e^20], is truncated at `rollout_is_threshold` and detached; it
-  multiplies the policy-gradient loss of its token (algorithms/core.agg_loss `weights`).
+  multiplies the policy-gradient loss of its token (algorithms/core.agg_loss `weights`). A threshold written
+  "lower_upper" (e.g. "0.5_4.0") is IcePop instead of truncation: weights outside [lower, upper] become 0, the
+  others stay as they are.
 * Rejection (`rollout_rs`, registry ROLLOUT_RS): tokens or whole responses whose statistic lies outside its bounds
   are masked out of the actor's loss. Statistics per token: k1 = log r, k2 = ½(log r)², k3 = r − 1 − log r; per
   sequence the sum (`seq_sum_*`), mean (`seq_mean_*`) or max (`seq_max_*`) over the response. k1 options keep
@@ -108,7 +110,7 @@ for _divergence in ("k1", "k2", "k3"):
 
 @dataclass(frozen=True)
 class Bounds:
-    lower: float | None  # ratio bound (k1 options only)
+    lower: float | None  # lower ratio bound: k1 rejection options and IcePop; None: none (rejection) or 1/upper
     upper: float
 
 
@@ -160,12 +162,35 @@ BYPASS_LOSS_TYPES.register_lazy("reinforce", "verlx.algorithms.policy_losses.byp
 
 
 # ---------------------------------------------------------------------- the computation
-def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold: float,
+def parse_is_threshold(spec: str | float | int) -> Bounds:
+    """`rollout_is_threshold`: one number (truncation at it) or "lower_upper" (IcePop's interval); raises
+    ValueError naming the key."""
+    key = f"{KEY}.rollout_is_threshold"
+    parts = spec.strip().split("_") if isinstance(spec, str) else [spec]
+    try:
+        numbers = [float(x) for x in parts]
+    except ValueError:
+        numbers = []
+    if isinstance(spec, bool) or len(numbers) not in (1, 2):
+        raise ValueError(f"{key}={spec!r} is neither a number (IS weights truncated at it, typical: 2.0) nor "
+                         "'lower_upper' (IcePop: weights outside the interval set to 0, e.g. '0.5_4.0')")
+    lower, upper = (None, numbers[0]) if len(numbers) == 1 else numbers
+    if not (upper > 0 and math.isfinite(upper)) or (lower is not None and not 0 < lower <= upper):
+        raise ValueError(f"{key}={spec!r} must be a positive number: IS weights are truncated at it (typical: "
+                         "2.0); or 'lower_upper' with 0 < lower <= upper")
+    return Bounds(lower, upper)
+
+
+def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold: str | float,
                batch_normalize: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Truncated, detached IS weights [B, R] (0 at padding) and their statistics."""
+    """Detached IS weights [B, R] (0 at padding), truncated at the threshold or, for a "lower_upper" threshold,
+    set to 0 outside the interval (IcePop), and their statistics."""
+    bounds = parse_is_threshold(threshold)
     log_weight = ROLLOUT_IS.get(level)(log_ratio.detach(), mask)
     raw = torch.exp(log_weight.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-    weights = raw.clamp(max=threshold)
+    upper, lower = bounds.upper, 1.0 / bounds.upper if bounds.lower is None else bounds.lower
+    outside = (raw < lower) | (raw > upper)
+    weights = raw.clamp(max=upper) if bounds.lower is None else torch.where(outside, torch.zeros_like(raw), raw)
     per_token = level == "token"
     unit_mask = mask.bool() if per_token else mask.sum(-1) > 0  # statistics per token, or per sequence
     unit_raw = raw if per_token else raw[:, 0]
@@ -181,10 +206,12 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshol
         "rollout_is_std": (second - mean.square()).clamp(min=0).sqrt(),
         "rollout_is_max": torch.where(unit_mask, unit_raw, -torch.inf).max(),
         "rollout_is_min": torch.where(unit_mask, unit_raw, torch.inf).min(),
-        "rollout_is_ratio_fraction_high": masked_mean((unit_raw > threshold).to(raw.dtype), unit_mask),
-        "rollout_is_ratio_fraction_low": masked_mean((unit_raw < 1.0 / threshold).to(raw.dtype), unit_mask),
+        "rollout_is_ratio_fraction_high": masked_mean((unit_raw > upper).to(raw.dtype), unit_mask),
+        "rollout_is_ratio_fraction_low": masked_mean((unit_raw < lower).to(raw.dtype), unit_mask),
         "rollout_is_eff_sample_size": mean.square() / torch.where(second > 0, second, torch.ones_like(second)),
     }
+    if bounds.lower is not None:
+        metrics["rollout_is_oob_ratio"] = masked_mean(outside.to(raw.dtype), mask.bool())
     return (weights * mask).detach(), metrics
 
 
@@ -293,9 +320,10 @@ def rollout_correction_problems(cfg) -> list[str]:
             ROLLOUT_IS.get(rc.rollout_is)
         except KeyError as e:
             problems.append(str(e))
-    if not (rc.rollout_is_threshold > 0 and math.isfinite(rc.rollout_is_threshold)):
-        problems.append(f"{KEY}.rollout_is_threshold={rc.rollout_is_threshold} must be a positive number: IS "
-                        "weights are truncated at it (typical: 2.0)")
+    try:
+        parse_is_threshold(rc.rollout_is_threshold)
+    except ValueError as e:
+        problems.append(str(e))
     options = rs_options(rc.rollout_rs)
     unknown = [o for o in options if o not in ROLLOUT_RS]
     for option in unknown:

@@ -110,7 +110,7 @@ class FilterGroupsConfig:
 @dataclass
 class RolloutCorrectionConfig:
     rollout_is: str | None = None
-    rollout_is_threshold: float = 2.0
+    rollout_is_threshold: str | float = 2.0
     rollout_is_batch_normalize: bool = False
     rollout_rs: str | None = None
     rollout_rs_threshold: str | float | None = None
