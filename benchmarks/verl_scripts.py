@@ -74,6 +74,9 @@ REFUSED_BY_VERL = {
         f"actor_rollout_ref.actor.model_engine is no key of veRL's actor config at 1dda039b9: {_NOT_IN_STRUCT}",
     ("1dda039b9", "examples/tuning/scaling/run_qwen2_5_32b_megatron.sh"):
         f"actor_rollout_ref.actor.model_engine is no key of veRL's actor config at 1dda039b9: {_NOT_IN_STRUCT}",
+    ("1dda039b9", "examples/remax_trainer/run_qwen2.5_math_7b_sync_fsdp.sh"):
+        "python3 -m verl.trainer.main_ppo_sync: no such module in veRL at 1dda039b9 (verl/trainer/ has main_ppo and "
+        "main_ppo_v0)",
 }
 
 
