@@ -1,6 +1,7 @@
 """FSDP2 training details on 2 gloo processes: deferring the gradient reduce-scatter to the last micro-batch gives
-the synced update, the root stays gathered after a forward-only pass until the phase ends, and the per-phase
-MFU is the mean over ranks of FLOPs / (seconds × peak)."""
+the synced update, gradients are reduced in the configured dtype (fsdp_config.reduce_dtype), the root stays gathered
+after a forward-only pass until the phase ends, and the per-phase MFU is the mean over ranks of FLOPs / (seconds ×
+peak)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,28 @@ def _deferred_reduce_case(rank: int) -> None:
     assert seen == [False] * (len(parts) - 1) + [True]
 
 
+def _reduce_dtype_case(rank: int) -> None:
+    """With reduce_dtype=bf16 the averaged gradient comes out of a bf16 reduce-scatter: every value is a bf16 number
+    (halving is exact), which an fp32 reduction of the same gradients is not; the two agree to bf16's precision of
+    the gradient's scale (the ranks' rounding errors survive a cancelling sum)."""
+    from verlx.workers.fsdp.model_builder import apply_fsdp2
+
+    base, data = _policy(), _rank_batch(rank)
+    grads = {}
+    for reduce_dtype in (torch.float32, torch.bfloat16):
+        module = apply_fsdp2(copy.deepcopy(base), torch.device("cpu"), torch.float32, reduce_dtype=reduce_dtype,
+                             mixed_precision_on_cpu=True)
+        lp, _ = module(data.batch["input_ids"], data.batch["attention_mask"], data.batch["position_ids"], 5)
+        lp.sum().backward()
+        grads[reduce_dtype] = {n: p.grad.full_tensor() for n, p in module.named_parameters()}
+    for name, g16 in grads[torch.bfloat16].items():
+        g32 = grads[torch.float32][name]
+        assert g16.dtype == torch.float32 and torch.equal(g16, g16.bfloat16().float()), name
+        # each rank's gradient is rounded to bf16 before the sum: an error of its own magnitude's bf16 step
+        torch.testing.assert_close(g16, g32, rtol=0, atol=2**-7 * g32.abs().max().item() + 1e-12, msg=name)
+    assert any(not torch.equal(g, g.bfloat16().float()) for g in grads[torch.float32].values())
+
+
 def _root_reshard_case() -> None:
     from torch.distributed.tensor import DTensor
 
@@ -127,6 +150,7 @@ def _worker(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         _deferred_reduce_case(rank)
+        _reduce_dtype_case(rank)
         _root_reshard_case()
         _phase_metrics_case(rank)
     finally:

@@ -68,6 +68,9 @@ def test_modes_that_are_accepted():
      "needs the engine's log-probs"),
     (["trainer.rollout_stall_timeout_s=0"], "trainer.rollout_stall_timeout_s=0.0 must be positive"),
     (["trainer.on_policy_tolerance=-1"], "trainer.on_policy_tolerance=-1.0 must be >= 0"),
+    (["+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=int8"],
+     "actor_rollout_ref.actor.fsdp_config.reduce_dtype='int8' is not one of"),
+    (["critic.model.fsdp_config.reduce_dtype=fp8"], "critic.model.fsdp_config.reduce_dtype='fp8' is not one of"),
 ])
 def test_bad_input_is_named(overrides, message):
     found = problems(*overrides)

@@ -22,6 +22,7 @@ class FSDPConfig:
     forward_prefetch: bool = False
     model_dtype: str = "fp32"
     dtype: str = "bfloat16"
+    reduce_dtype: str = "fp32"
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
 
 

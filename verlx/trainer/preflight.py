@@ -80,6 +80,9 @@ def check_names(cfg: PPOConfig, f: Findings) -> None:
     f.choice("data.truncation", cfg.data.truncation, ["error", *PROMPT_TRUNCATIONS.names()])
     f.choice("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
     f.choice("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, ROLLOUT_DTYPES)
+    for key, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config),
+                      ("critic.model", cfg.critic.model.fsdp_config)):
+        f.choice(f"{key}.fsdp_config.reduce_dtype", fsdp.reduce_dtype, ROLLOUT_DTYPES)
     for key, role in (("actor_rollout_ref.actor.optim", arr.actor), ("critic.optim", cfg.critic)):
         optim = role.optim
         f.choice(f"{key}.lr_scheduler_type", optim.warmup_style or optim.lr_scheduler_type, LR_SCHEDULES.names())

@@ -16,11 +16,14 @@ SPPO = "the SPPO recipe"
 COLLABLLM = "the CollabLLM recipe's reward (multi-turn metrics judged by an LLM)"
 
 
-def _fsdp_mixed_precision(section: str) -> list:
+def _fsdp_mixed_precision(section: str, trainable: bool = True) -> list:
     mp = f"{section}.mixed_precision"
+    reduce = (Moved(f"{mp}.reduce_dtype", f"{section}.reduce_dtype", "verlx's FSDP gradient-reduction dtype",
+                    current=True) if trainable else
+              Ignored(f"{mp}.reduce_dtype", "the reference computes no gradients, so it reduces none"))
     return [
         Moved(f"{mp}.param_dtype", f"{section}.dtype", "verlx's FSDP compute dtype"),
-        Refused(f"{mp}.reduce_dtype", "gradient reduction in a dtype other than fp32", inert=(None, "fp32", "float32")),
+        reduce,
         Refused(f"{mp}.buffer_dtype", "FSDP buffers in a dtype other than fp32", inert=(None, "fp32", "float32")),
     ]
 
@@ -34,7 +37,7 @@ ROWS = [
     *[Moved(f"{ACTOR}.{key}", f"{ACTOR}.policy_loss.{key}", "veRL moved the policy-loss options under policy_loss")
       for key in ("loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")],
     *_fsdp_mixed_precision(f"{ACTOR}.fsdp_config"),
-    *_fsdp_mixed_precision(f"{REF}.fsdp_config"),
+    *_fsdp_mixed_precision(f"{REF}.fsdp_config", trainable=False),
     *_fsdp_mixed_precision("critic.model.fsdp_config"),
     Refused("algorithm.rollout_correction.rollout_rs_threshold_lower", "a separate lower rejection bound (verlx: "
             "rollout_rs_threshold='lower_upper')"),

@@ -101,6 +101,7 @@ class FSDPEngine(TrainingEngine):
     def _trainable(cls, spec: ModelSpec, module, fsdp, placement: Placement) -> FSDPEngine:
         sp_group = placement.handle
         apply_fsdp2(module, spec.device, torch_dtype(fsdp.dtype), fsdp.reshard_after_forward,
+                    reduce_dtype=torch_dtype(fsdp.reduce_dtype),
                     cpu_offload=fsdp.offload_policy and spec.device.type == "cuda",
                     grad_divide_factor=placement.dp_size if sp_group is not None else None)
         optimizer = build_optimizer(module.parameters(), spec.role.optim)

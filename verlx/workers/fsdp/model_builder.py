@@ -122,12 +122,13 @@ def apply_fsdp2(
     device: torch.device,
     param_dtype: torch.dtype,
     reshard_after_forward: bool = True,
+    reduce_dtype: torch.dtype = torch.float32,
     cpu_offload: bool = False,
     mesh=None,
     grad_divide_factor: float | None = None,
     mixed_precision_on_cpu: bool = False,
 ) -> nn.Module:
-    """Shard every decoder layer and then the root; mixed precision on GPU (fp32 grads reduce).
+    """Shard every decoder layer and then the root; mixed precision on GPU, gradients reduced in `reduce_dtype`.
 
     On the CPU the model computes in fp32 (the tests' exact numbers) unless `mixed_precision_on_cpu`: the megatron
     parity benchmark's CPU mode reproduces the GPU's bf16 rounding with it.
@@ -146,7 +147,7 @@ def apply_fsdp2(
     if mesh is not None:
         kwargs["mesh"] = mesh
     if device.type == "cuda" or mixed_precision_on_cpu:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     inner = model.hf_model if isinstance(model, PolicyModel) else model.decoder
