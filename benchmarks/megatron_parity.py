@@ -1,4 +1,5 @@
-"""Megatron TP=2 and PP=2 against the FSDP actor on one checkpoint and batch: log-probs, one update, export.
+"""Megatron TP=2, PP=2 and an uneven PP=2 against the FSDP actor on one checkpoint and batch: log-probs, one update,
+export.
 
     torchrun --nproc_per_node=2 benchmarks/megatron_parity.py                       # 2 GPUs, nccl, 0.5B shape, bf16
     torchrun --nproc_per_node=2 benchmarks/megatron_parity.py --device cpu          # 2 gloo processes, tiny, fp32
@@ -12,9 +13,11 @@ left-padded prompts and right-padded responses; old log-probs near the model's o
            batch as one mini-batch (pg_loss, grad_norm), log-probs after.
   fsdp32   bf16 only: the same actor computing in fp32 (same weights, batch and update), the reference that every
            bf16 run's rounding is measured against.
-  tp2/pp2  the megatron engine as the worker builds it (MegatronEngine.place + build: megatron DDP, the distributed
-           optimizer, gradient clipping at 1, the lr schedule) with TP=2 or PP=2 over both ranks, bf16 weights with
-           fp32 main params in the optimizer (fp32 in the CPU's fp32 mode): the same numbers.
+  tp2/pp2/pp2_uneven
+           the megatron engine as the worker builds it (MegatronEngine.place + build: megatron DDP, the distributed
+           optimizer, gradient clipping at 1, the lr schedule) with TP=2 or PP=2 over both ranks (pp2_uneven: the
+           first stage holds one layer, override_transformer_config.num_layers_in_first_pipeline_stage=1), bf16
+           weights with fp32 main params in the optimizer (fp32 in the CPU's fp32 mode): the same numbers.
   export   the TP=2 actor after its update: dist-checkpoint save, export_megatron_checkpoint (what
            `python -m verlx.model_merger merge --backend megatron` runs), the exported directory loaded by the FSDP
            actor: its log-probs equal megatron's.
@@ -69,13 +72,14 @@ sys.path.insert(0, HERE)
 
 import parity_2gpu as fsdp_parity  # noqa: E402
 
-LAYOUTS = {"pp2": (1, 2), "tp2": (2, 1)}  # tp2 last: its updated weights are exported
+# (tp, pp, layers on the first pipeline stage or None for an even split); tp2 last: its updated weights are exported
+LAYOUTS = {"pp2": (1, 2, None), "pp2_uneven": (1, 2, 1), "tp2": (2, 1, None)}
 LR = 1e-4  # one Adam step moves every weight by ~lr: about one bf16 step of a 0.02-sized weight
 FLOOR_MULTIPLE = 3.0  # K in the docstring
 FAULTS = ("half_lr_rank1", "double_grads_rank1", "drop_grads_rank1")
 
 
-def role_config(kind: str, bf16: bool, megatron: tuple[int, int] | None = None):
+def role_config(kind: str, bf16: bool, megatron: tuple[int, int, int | None] | None = None):
     """The actor config of every run: token-budget micro-batches, gradient clipping at 1, no weight decay (megatron
     exempts norms and biases, torch's AdamW does not)."""
     from verlx.config.engine import MegatronConfig
@@ -83,11 +87,12 @@ def role_config(kind: str, bf16: bool, megatron: tuple[int, int] | None = None):
     cfg = fsdp_parity.actor_config(kind)
     cfg.optim.lr, cfg.optim.weight_decay, cfg.grad_clip = LR, 0.0, 1.0
     if megatron:
-        tp, pp = megatron
+        tp, pp, first_stage_layers = megatron
         cfg.strategy = "megatron"
+        uneven = {} if first_stage_layers is None else {"num_layers_in_first_pipeline_stage": first_stage_layers}
         cfg.megatron = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                       dtype="bfloat16" if bf16 else "float32", use_transformer_engine="false",
-                                      use_distributed_optimizer=True)
+                                      use_distributed_optimizer=True, override_transformer_config=uneven)
     return cfg
 
 
@@ -105,7 +110,8 @@ def megatron_device(kind: str):
         yield
 
 
-def build_megatron_actor(path: str, kind: str, bf16: bool, layout: tuple[int, int], device: torch.device):
+def build_megatron_actor(path: str, kind: str, bf16: bool, layout: tuple[int, int, int | None],
+                         device: torch.device):
     from megatron.core import parallel_state as mpu
 
     from verlx.config.engine import ModelConfig

@@ -47,7 +47,7 @@ from verlx.protocol import DataProto
 SHAPES = {
     "gpu": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
             "intermediate_size": 4864, "vocab_size": 151936},
-    "cpu": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "cpu": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
             "intermediate_size": 128, "vocab_size": 512},
 }
 BATCH = {"gpu": {"rows": 16, "prompt": 128, "response": 256, "max_tokens": 2048},

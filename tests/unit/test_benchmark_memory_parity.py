@@ -99,22 +99,24 @@ def test_parity_2gpu_cpu_mode_matches_one_rank_in_fp32(tmp_path):
 
 
 def test_megatron_parity_cpu_mode_matches_fsdp_at_tp2_and_pp2(tmp_path):
-    """2 gloo processes, fp32: megatron TP=2 and PP=2 (the real pipeline schedule, the distributed optimizer,
-    gradient clipping at 1 as on the GPU) give the FSDP actor's log-probs, loss, gradient norm and updated log-probs,
-    and the exported TP=2 checkpoint (the distributed optimizer's fully_reshardable format) reloads to the same
-    log-probs. This found three GPU-path faults: the TP head's gradient all-reduce lost (megatron reduced a
-    contiguous copy of a transposed gradient), TP ranks' shards missing from the gradient norm (loaded weights were
-    never marked tensor-parallel), and the export hanging when run on one rank of a process group."""
+    """2 gloo processes, fp32, 4 layers: megatron TP=2, PP=2 and PP=2 split 1 + 3 (the real pipeline schedule, the
+    distributed optimizer, gradient clipping at 1 as on the GPU) give the FSDP actor's log-probs, loss, gradient
+    norm and updated log-probs, and the exported TP=2 checkpoint (the distributed optimizer's fully_reshardable
+    format) reloads to the same log-probs. This found three GPU-path faults: the TP head's gradient all-reduce lost
+    (megatron reduced a contiguous copy of a transposed gradient), TP ranks' shards missing from the gradient norm
+    (loaded weights were never marked tensor-parallel), and the export hanging when run on one rank of a process
+    group."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     proc = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                        "benchmarks/megatron_parity.py", "--device", "cpu"], tmp_path)
     result = json.loads((tmp_path / "megatron_parity.json").read_text())
     assert result["ok"] and result["tolerance"]["grad_norm_rel"] == 1e-5
-    assert set(result["checks"]) == {"pp2_logprob", "pp2_update", "tp2_logprob", "tp2_update", "export_reload"}
+    assert set(result["checks"]) == {"pp2_logprob", "pp2_update", "pp2_uneven_logprob", "pp2_uneven_update",
+                                     "tp2_logprob", "tp2_update", "export_reload"}
     assert all(check["ok"] for check in result["checks"].values()), result["checks"]
     assert result["update_shift"] > 100 * 1e-5  # the update moved the log-probs far beyond the tolerance
     fsdp = result["runs"]["fsdp"]
-    for layout in ("pp2", "tp2"):
+    for layout in ("pp2", "pp2_uneven", "tp2"):
         assert result["runs"][layout]["grad_norm"] == pytest.approx(fsdp["grad_norm"], rel=1e-5)
     assert "| tp2_update | True |" in proc.stdout
     assert result["precision"] == "fp32" and result["noise_floor"] is None

@@ -150,11 +150,14 @@ def test_keys_that_need_transformer_engine_are_refused_before_ray(tmp_path, monk
 def test_override_keys_verlx_sets_splits_it_cannot_make_and_typos(tmp_path, monkeypatch):
     text = _refused(tmp_path, monkeypatch, f"+{M}.override_transformer_config.num_layers=4",
                     f"+{M}.override_transformer_config.num_layers_in_first_pipeline_stage=2",
+                    f"+{M}.override_transformer_config.account_for_loss_in_pipeline_split=true",
                     f"+{M}.override_transformer_config.recompute_granularty=full",
                     f"+{M}.override_ddp_config.use_distributed_optimizer=false",
                     f"+{OPT}.override_optimizer_config.adam_epss=1e-6", f"{M}.context_parallel_size=2")
     assert f"{M}.override_transformer_config.num_layers: verlx sets it from the model's HF config" in text
-    assert "num_layers_in_first_pipeline_stage=2: verlx splits the layers evenly over pipeline stages" in text
+    assert "num_layers_in_first_pipeline_stage=2 needs pipeline_model_parallel_size >= 2 (got 1)" in text
+    assert ("account_for_loss_in_pipeline_split=True: verlx splits the layers over pipeline stages evenly or by "
+            "num_layers_in_first/last_pipeline_stage only") in text
     assert ("recompute_granularty is not a megatron TransformerConfig field. Did you mean "
             "'recompute_granularity'") in text
     assert f"{M}.override_ddp_config.use_distributed_optimizer: set {M}.use_distributed_optimizer instead" in text

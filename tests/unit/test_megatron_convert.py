@@ -60,8 +60,64 @@ def test_glu_tp_layout_by_hand():
 
 def test_interleaved_pipeline_placement():
     # 8 layers, PP 2, VPP 2 → 2 layers per chunk; block b = chunk·pp + stage holds layers [2b, 2b+2)
-    got = [(p.pp_rank, p.chunk, p.local_layer) for p in (layer_placement(i, 8, 2, 2) for i in range(8))]
+    layout = ParallelLayout(2, 1, 2, 1, 2)
+    got = [(p.pp_rank, p.chunk, p.local_layer) for p in (layer_placement(i, 8, layout) for i in range(8))]
     assert got == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1), (0, 1, 0), (0, 1, 1), (1, 1, 0), (1, 1, 1)]
+
+
+@pytest.mark.parametrize("layers,pp,first,last", [(8, 2, None, None), (8, 2, 1, None), (8, 2, None, 3),
+                                                  (61, 4, 13, 12), (27, 4, None, 6), (10, 3, 2, 2), (7, 2, 3, 4)])
+def test_uneven_pipeline_placement_is_megatrons(layers, pp, first, last):
+    """The stages' layer counts and each layer's stage and local index are megatron-core's own
+    (get_num_layers_to_build, get_transformer_layer_offset) for num_layers_in_first/last_pipeline_stage; the 61-layer
+    case is veRL's DeepSeek-V3 script's split shape."""
+    from types import SimpleNamespace
+
+    block = pytest.importorskip("megatron.core.transformer.transformer_block")
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    config = SimpleNamespace(num_layers=layers, pipeline_model_parallel_size=pp,
+                             num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
+                             pipeline_model_parallel_layout=None, account_for_embedding_in_pipeline_split=False,
+                             account_for_loss_in_pipeline_split=False, virtual_pipeline_model_parallel_size=None)
+    layout = ParallelLayout(pp, 1, pp, first_stage_layers=first, last_stage_layers=last)
+    counts = [block.get_num_layers_to_build(config, pp_rank=r) for r in range(pp)]
+    assert layout.stage_layers(layers) == counts
+    want = [(r, 0, i - get_transformer_layer_offset(config, pp_rank=r))
+            for r in range(pp) for i in range(get_transformer_layer_offset(config, pp_rank=r),
+                                              get_transformer_layer_offset(config, pp_rank=r) + counts[r])]
+    assert [(p.pp_rank, p.chunk, p.local_layer) for p in (layer_placement(i, layers, layout)
+                                                          for i in range(layers))] == want
+
+
+def test_uneven_pipeline_weights_round_trip_and_land_on_their_stage():
+    model = hf_model("qwen2", False)  # 4 layers: stage 0 holds layer 0, stage 1 layers 1-3
+    dims, hf = model_dims(model.config), {k: v.clone() for k, v in model.state_dict().items()}
+    layout = ParallelLayout(4, 2, 2, first_stage_layers=1)
+    shards = {(t, p, 0): hf_to_megatron(hf, dims, layout, t, p) for t in range(2) for p in range(2)}
+    back = megatron_to_hf(shards, dims, layout)
+    assert set(back) == set(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
+    first, last = shards[(0, 0, 0)][0], shards[(0, 1, 0)][0]
+    assert {n.split(".")[2] for n in first if n.startswith("decoder.layers.")} == {"0"}
+    assert {n.split(".")[2] for n in last if n.startswith("decoder.layers.")} == {"0", "1", "2"}
+    half = hf["model.layers.3.input_layernorm.weight"]
+    assert torch.equal(last["decoder.layers.2.input_layernorm.weight"], half)  # global layer 3 is stage 1's third
+
+
+@pytest.mark.parametrize("sizes,message", [
+    (dict(pp=2, first_stage_layers=3, last_stage_layers=2), "num_hidden_layers=4 do not fit: 4 layers leave -1"),
+    (dict(pp=3, first_stage_layers=1), "num_hidden_layers=4 do not fit: 4 layers leave 3 for the 2 other"),
+    (dict(pp=1, first_stage_layers=2), "needs pipeline_model_parallel_size >= 2 (got 1)"),
+    (dict(pp=2, vpp=2, first_stage_layers=1), "only without virtual pipeline stages"),
+    (dict(pp=2, first_stage_layers=0), "every pipeline stage needs at least one layer"),
+    (dict(pp=2, first_stage_layers=4), "leave a pipeline stage without layers"),
+])
+def test_an_uneven_split_that_megatron_cannot_build_is_named(sizes, message):
+    pp = sizes.pop("pp")
+    problems = check_layout(4, 1, pp, 1, sizes.pop("vpp", None), num_layers=4, key="actor_rollout_ref.actor.megatron",
+                            **sizes)
+    assert any(message in p and "override_transformer_config.num_layers_in_" in p for p in problems), problems
+    assert not check_layout(4, 1, 2, num_layers=5, first_stage_layers=2, key="k")  # 5 layers: 2 + 3
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])

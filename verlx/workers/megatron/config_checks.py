@@ -20,6 +20,7 @@ from verlx.workers.megatron.architectures import ARCHITECTURES
 from verlx.workers.megatron.overrides import (
     ddp_override_problems,
     optimizer_override_problems,
+    stage_layer_overrides,
     transformer_override_problems,
 )
 from verlx.workers.megatron.parallel import check_layout
@@ -114,7 +115,8 @@ def _check_role(role: _Role, world_size: int, f: Findings) -> None:
                   f"converter; supported architectures: {', '.join(ARCHITECTURES.names())}")
     experts, moe_ffn = shape.pop("num_experts", 0), shape.pop("moe_ffn_hidden_size", None)
     f.problems += check_layout(world_size, m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
-                               m.context_parallel_size, m.virtual_pipeline_model_parallel_size, key=key, **shape)
+                               m.context_parallel_size, m.virtual_pipeline_model_parallel_size, key=key,
+                               **stage_layer_overrides(m.override_transformer_config), **shape)
     f.require(m.context_parallel_size == 1,
               f"{key}.context_parallel_size={m.context_parallel_size}: verlx's megatron backend does not split "
               "sequences over context-parallel ranks (megatron-core 0.16 offers context parallelism only inside "

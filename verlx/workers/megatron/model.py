@@ -166,7 +166,8 @@ def build_chunks(dims: ModelDims, layout: ParallelLayout, config: TransformerCon
 
         allow_moe_router_without_transformer_engine()
     chunks = []
-    local_layers = dims.num_layers // (layout.pp * layout.chunks)
+    local_layers = (dims.num_layers // (layout.pp * layout.chunks) if layout.vpp else
+                    layout.stage_layers(dims.num_layers)[mpu.get_pipeline_model_parallel_rank()])
     kwargs = gpt_model_kwargs(dims, layout.tp)
     if value_head:  # a critic has no vocabulary projection to tie to the embedding (at PP > 1 megatron would keep
         kwargs["share_embeddings_and_output_weights"] = False  # a copy on the last stage and all-reduce its grads)

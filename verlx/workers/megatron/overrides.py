@@ -1,8 +1,9 @@
 """veRL's megatron override sections (override_transformer_config, override_optimizer_config, override_ddp_config):
 megatron-core config fields a user sets on top of verlx's choices, and the ones verlx refuses, with the reason.
 
-Refused: fields verlx derives from the HF config or from the megatron.* keys (set those instead); uneven pipeline
-splits (verlx places layers evenly); and, when transformer-engine (or DeepEP) is missing, the fields whose kernels
+Refused: fields verlx derives from the HF config or from the megatron.* keys (set those instead); the pipeline
+splits other than the first and last stages' layer counts (standalone embedding or loss stages, explicit layouts);
+and, when transformer-engine (or DeepEP) is missing, the fields whose kernels
 live there. Everything else reaches megatron-core unchanged. Pure functions: no megatron-core import here, the
 field lists come from the caller (config checks pass megatron's dataclass fields when it is installed).
 """
@@ -24,8 +25,9 @@ DERIVED = frozenset({
     "variable_seq_lengths", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
     "perform_initialization", "use_cpu_initialization",
 })
-UNEVEN_PIPELINE = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+# the first and last stages' layer counts are read (ParallelLayout.stage_layers); these other splits are refused
+STAGE_LAYER_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+UNEVEN_PIPELINE = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                    "pipeline_model_parallel_layout")
 # field → what it needs, refused when that is missing and the value asks for it (anything but None/False)
 NEEDS_TRANSFORMER_ENGINE = {
@@ -43,6 +45,12 @@ MINDSPEED_FIELDS = frozenset({
 })
 # DistributedDataParallelConfig fields with a megatron.* key of their own
 DDP_KEYS = {"use_distributed_optimizer": "use_distributed_optimizer"}
+
+
+def stage_layer_overrides(overrides: dict[str, Any]) -> dict[str, int | None]:
+    """The first and last pipeline stages' layer counts an override section sets, as ParallelLayout's fields."""
+    return {"first_stage_layers": overrides.get(STAGE_LAYER_FIELDS[0]),
+            "last_stage_layers": overrides.get(STAGE_LAYER_FIELDS[1])}
 
 
 def _asks(value) -> bool:
@@ -64,8 +72,8 @@ def transformer_override_problems(key: str, overrides: dict[str, Any], te_availa
             problems.append(f"{where}.{name}: verlx sets it from the model's HF config and the megatron.* keys "
                             f"({key}.tensor_model_parallel_size, ...); set those instead")
         elif name in UNEVEN_PIPELINE and _asks(value):
-            problems.append(f"{where}.{name}={value}: verlx splits the layers evenly over pipeline stages (uneven "
-                            "splits are not supported); remove it")
+            problems.append(f"{where}.{name}={value}: verlx splits the layers over pipeline stages evenly or by "
+                            "num_layers_in_first/last_pipeline_stage only; remove it")
         elif name in NEEDS_TRANSFORMER_ENGINE and _asks(value) and not te_available:
             problems.append(f"{where}.{name}={value} needs transformer-engine ({NEEDS_TRANSFORMER_ENGINE[name]}), "
                             "which is not installed; install transformer-engine or remove it")

@@ -9,6 +9,7 @@ import torch
 from verlx.utils.lr_schedules import optim_lr_multiplier
 from verlx.workers.megatron import require_megatron_core, transformer_engine_available
 from verlx.workers.megatron.architectures import ModelDims
+from verlx.workers.megatron.overrides import stage_layer_overrides
 from verlx.workers.megatron.parallel import ParallelLayout, require_layout
 from verlx.workers.megatron.schedule import scheduler_kwargs
 
@@ -20,6 +21,7 @@ def layout_for(mcfg, world_size: int, dims: ModelDims) -> ParallelLayout:
     experts = dict(ep=mcfg.expert_model_parallel_size, etp=mcfg.expert_tensor_parallel_size) if dims.is_moe else {}
     return require_layout(world_size, mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size,
                           mcfg.context_parallel_size, mcfg.virtual_pipeline_model_parallel_size, **experts,
+                          **stage_layer_overrides(mcfg.override_transformer_config),
                           num_heads=dims.num_heads, num_kv_heads=dims.num_kv_heads, num_layers=dims.num_layers)
 
 

@@ -138,20 +138,28 @@ class Placement:
     local_expert: int | None = None
 
 
-def layer_placement(layer: int, num_layers: int, pp: int, chunks: int) -> Placement:
-    """Megatron's interleaved assignment: block b = chunk·pp + pp_rank holds layers [b·n, (b+1)·n)."""
-    per_chunk = num_layers // (pp * chunks)
+def layer_placement(layer: int, num_layers: int, layout: ParallelLayout) -> Placement:
+    """Megatron's assignment: consecutive blocks of the stages' layer counts (ParallelLayout.stage_layers) without
+    virtual stages; interleaved with them, block b = chunk·pp + pp_rank holds layers [b·n, (b+1)·n)."""
+    if layout.vpp is None:
+        start = 0
+        for pp_rank, count in enumerate(layout.stage_layers(num_layers)):
+            if layer < start + count:
+                return Placement(pp_rank, 0, layer - start)
+            start += count
+        raise IndexError(f"layer {layer} is beyond the model's {num_layers} layers")
+    per_chunk = num_layers // (layout.pp * layout.chunks)
     block = layer // per_chunk
-    return Placement(block % pp, block // pp, layer % per_chunk)
+    return Placement(block % layout.pp, block // layout.pp, layer % per_chunk)
 
 
 def placement(spec: ParamSpec, dims: ModelDims, layout: ParallelLayout) -> Placement:
     if spec.expert is not None:  # megatron gives each expert-parallel rank a contiguous block of experts
         per_rank = dims.num_experts // layout.ep
-        where = layer_placement(spec.layer, dims.num_layers, layout.pp, layout.chunks)
+        where = layer_placement(spec.layer, dims.num_layers, layout)
         return Placement(where.pp_rank, where.chunk, where.local_layer, spec.expert // per_rank, spec.expert % per_rank)
     if spec.layer is not None:
-        return layer_placement(spec.layer, dims.num_layers, layout.pp, layout.chunks)
+        return layer_placement(spec.layer, dims.num_layers, layout)
     if spec.name.startswith("embedding."):
         return Placement(0, 0, None)
     return Placement(layout.pp - 1, layout.chunks - 1, None)
