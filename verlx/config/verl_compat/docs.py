@@ -75,11 +75,23 @@ types and preflights each trainer command line it launches, `verl.` read as `ver
 
 | set | veRL commit | recipe commit | pass preflight | refused: a missing feature | by veRL too | otherwise | crashed |
 |---|---|---|---|---|---|---|---|
-| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 131 / 201 | 48 | 4 | 18 | 0 |
-| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 77 / 191 | 90 | 2 | 22 | 0 |
+| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 133 / 201 | 44 | 4 | 20 | 0 |
+| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 79 / 191 | 86 | 3 | 23 | 0 |
+
+Measured again on 2026-11-27 08:40 after three features landed: bf16 gradient reduction
+(`fsdp_config.mixed_precision.reduce_dtype=bf16`; passes one script of each set), uneven megatron pipeline splits
+(`num_layers_in_first/last_pipeline_stage`) and IcePop's `rollout_is_threshold="lower_upper"`; the 2026-08 ReMax
+script that launches `verl.trainer.main_ppo_sync`, a module veRL's own tree lacks at that commit, now counts as
+refused by veRL too. A caveat of the harness: every text checkpoint is stood in by one Qwen2-shaped model (96
+layers), so a script is judged as if its model were Qwen2. The Moonlight-16B megatron script passes here since the
+uneven split landed, but a real Moonlight checkpoint (`DeepseekV3ForCausalLM`) is refused by verlx's megatron engine
+for its architecture; the DeepSeek-V3 671B scripts are refused here for a pipeline split that does not fit 96
+layers (it fits the real 61) and would be refused for the architecture too. So the 2026-01 figure overstates by
+one.
 
 "Refused otherwise": at least one problem is worded other than "does not support": transformer-engine and DeepEP
-options (those packages are not installed here), megatron context parallelism and uneven pipeline splits, multi-turn
+options (those packages are not installed here), megatron context parallelism and pipeline splits that do not fit
+the stand-in's layers, multi-turn
 tools on vLLM without rollout.mode=async, and in 2026-08 keys newer than veRL 0.9.1's table (the torch profiler's
 step_start/step_end, rollout_correction.use_policy_gradient, critic.entropy_checkpointing) and a batch size that
 does not divide. The refusal families that block the most commands (commands blocked; blocked by that family alone):
@@ -94,7 +106,7 @@ does not divide. The refusal families that block the most commands (commands blo
   the dense Qwen3-VL trains on FSDP (docs/vision_language.md): its 2026-01 scripts use megatron or the MoE models,
   so they stay refused. The two nsys scripts are refused here only because this CPU machine has no `nsys` on PATH
   (their one problem), so on a machine with Nsight Systems installed the 2026-01 figure is 133 / 201.
-- 2026-08: Ascend NPUs (14; 8), transformer-engine options (10; 5), veRL's own classes (10; 4), VeOmni (8; 8),
+- 2026-08: Ascend NPUs (14; 9), transformer-engine options (11; 5), veRL's own classes (10; 4), VeOmni (8; 8),
   expert-parallel rollout engines (7; 1), the vision-language architecture Qwen3.5 (6; 6), on-policy distillation
   (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0), quantization-aware training
   (4; 4), `qwen3_vl_moe` (3; 3). Qwen3-VL-8B on FSDP passes since 2026-11-27 (it was refused for its architecture
