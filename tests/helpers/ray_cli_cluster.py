@@ -3,13 +3,16 @@
 Each node is a `ray start --block` process in a session of its own, so the test can stop (or kill) exactly the
 processes of one node by process group, never anything else on the machine. The cluster has its own temp
 directory, so no other Ray user on this machine finds it by accident. Ray 2.60 turns token authentication on for
-`ray start` clusters: every process here uses RAY_AUTH_MODE=token with the token in ~/.ray/auth_token.
+`ray start` clusters: every process here uses RAY_AUTH_MODE=token with a token of the cluster's own, written to
+its temp directory (RAY_AUTH_TOKEN_PATH): on a fresh machine there is no ~/.ray/auth_token until some Ray instance
+wrote one, and `ray start` does not write it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -75,21 +78,33 @@ class CliCluster:
         shutdown took 30 s, more than the suite should spend on a cluster it throws away)."""
         nodes = [self.nodes.pop(name) for name in list(self.nodes)]
         for node in nodes:
-            os.killpg(node.process.pid, signal.SIGTERM)
+            _signal_group(node.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for node in nodes:
             try:
                 node.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                os.killpg(node.process.pid, signal.SIGKILL)
+                _signal_group(node.process.pid, signal.SIGKILL)
                 node.process.wait(timeout=30)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """`sig` to a node's process group; a group already gone (a node that failed to start) is no error."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def start_cli_cluster(cpus_per_node: int, names=("head_node", "worker_node")) -> CliCluster:
     """A head and (len(names) - 1) worker nodes, each with `cpus_per_node` CPUs; PYTHONPATH as this process's."""
     temp_dir = tempfile.mkdtemp(prefix="vxray", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "PYTHONPATH": os.pathsep.join(sys.path)}
+    token_path = os.path.join(temp_dir, "auth_token")
+    with open(token_path, "w") as f:
+        f.write(secrets.token_hex(32))
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path,
+           "PYTHONPATH": os.pathsep.join(sys.path)}
     env.pop("RAY_ADDRESS", None)
     cluster = CliCluster(f"127.0.0.1:{free_port()}", temp_dir, env)
     try:
