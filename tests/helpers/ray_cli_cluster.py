@@ -10,6 +10,7 @@ wrote one, and `ray start` does not write it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -91,10 +92,8 @@ class CliCluster:
 
 def _signal_group(pid: int, sig: int) -> None:
     """`sig` to a node's process group; a group already gone (a node that failed to start) is no error."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def start_cli_cluster(cpus_per_node: int, names=("head_node", "worker_node")) -> CliCluster:
