@@ -35,6 +35,8 @@ SHAPES = {
                  intermediate_size=4864, vocab_size=151936),
     "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                  intermediate_size=8960, vocab_size=151936),
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=151936),
 }
@@ -58,11 +60,15 @@ def build_model(out_dir: str, shape: str) -> None:
 
     tokenizer = build_tokenizer(model_max_length=4096)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, tie_word_embeddings=True,
+    config = Qwen2Config(**{"tie_word_embeddings": True, **SHAPES[shape]}, max_position_embeddings=32768,
                          rope_theta=1000000.0, eos_token_id=im_end, pad_token_id=tokenizer.pad_token_id,
                          dtype="bfloat16")
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the CPU: 7B in fp32 would take 30 GB and minutes
+    try:
+        model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     GenerationConfig(eos_token_id=[im_end, tokenizer.eos_token_id],
