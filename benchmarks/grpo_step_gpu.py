@@ -53,6 +53,18 @@ PROFILE_SHOWN = ("wall_s", "device_busy_s", "device_idle_s", "device_busy_fracti
 
 
 def build_model(out_dir: str, shape: str) -> None:
+    """The random-weight checkpoint, initialised on a GPU where there is one (a 7B model takes minutes on the
+    CPU), in a process of its own so that no CUDA memory stays held beside the runs that follow."""
+    import torch
+
+    if not torch.cuda.is_available():  # NVML only: no CUDA context here
+        build_model_on(out_dir, shape, "cpu")
+        return
+    code = f"import grpo_step_gpu; grpo_step_gpu.build_model_on({out_dir!r}, {shape!r}, 'cuda')"
+    subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)), check=True)
+
+
+def build_model_on(out_dir: str, shape: str, device: str) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -64,9 +76,10 @@ def build_model(out_dir: str, shape: str) -> None:
                          rope_theta=1000000.0, eos_token_id=im_end, pad_token_id=tokenizer.pad_token_id,
                          dtype="bfloat16")
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the CPU: 7B in fp32 would take 30 GB and minutes
+    torch.set_default_dtype(torch.bfloat16)  # 7B in fp32 would take 30 GB
     try:
-        model = Qwen2ForCausalLM(config)
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config)
     finally:
         torch.set_default_dtype(torch.float32)
     model.save_pretrained(out_dir)
