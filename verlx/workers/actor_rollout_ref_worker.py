@@ -209,10 +209,11 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         self.engine = engine_cls(ctx)
         self.engine_ctx = ctx
         self.engine.sleep()  # until the first generation (an engine of a rollout group of its own stays awake)
-        if used_before is not None:  # nothing else is on the device yet: the difference is the engine's
-            self.engine_resident_bytes = self._device_used_bytes() - used_before
-            if self.engine.residency.asleep:
-                self.engine_asleep_gb = self.engine_resident_bytes / 2**30
+        if used_before is not None:  # no other role allocates meanwhile: the difference is the engine's
+            measured = engine_resident_bytes(used_before, self._device_used_bytes())
+            self.engine_resident_bytes = measured or 0
+            if measured is not None and self.engine.residency.asleep:
+                self.engine_asleep_gb = measured / 2**30
 
     # ------------------------------------------------------------------ rollout
     def _actor_weights(self) -> PolicyWeights | None:
@@ -335,6 +336,9 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         if self.device.type != "cuda":
             return None
         torch.cuda.synchronize(self.device)
+        # blocks this process's allocator caches but does not use (a colocated reward model's load, say) would
+        # count as in use before the engine and could be freed by its start-up, making the engine's share negative
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         return total - free
 
@@ -416,3 +420,15 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             self.actor.engine.load_checkpoint(path)
         self.actor_version += 1
 
+
+def engine_resident_bytes(used_before: int, used_after: int) -> int | None:
+    """What building the engine and its first sleep left in use on the device; None when less than nothing (another
+    process freed memory meanwhile): said, rather than a negative size that the memory plan would hand to the
+    update and rollout/engine_asleep_gb would report."""
+    if used_after < used_before:
+        logger.warning("rollout engine memory at start-up not measurable: the device's memory in use fell from "
+                       "%.2f to %.2f GiB while the engine was built (another process freed memory); the memory plan "
+                       "counts the sleeping engine as 0 GiB and rollout/engine_asleep_gb is not reported",
+                       used_before / 2**30, used_after / 2**30)
+        return None
+    return used_after - used_before
