@@ -70,6 +70,10 @@ REFUSED_BY_VERL = {
        "veRL's FSDP worker (trainer.use_legacy_worker_impl=auto at b178a3cd5) asserts that "
        "ppo_micro_batch_size_per_gpu=8 divides the 32 × 1 / 8 = 4 samples each GPU gets per mini-batch"
        for name in ("run_with_rollout_corr", "run_with_rollout_corr_multi_rs")},
+    **{("1dda039b9", f"examples/rollout_correction/{name}.sh"):
+       "veRL's engine worker (verl/workers/engine/utils.py prepare_micro_batches at 1dda039b9) asserts that "
+       "ppo_micro_batch_size_per_gpu=8 divides the 32 × 1 / 8 = 4 samples each GPU gets per mini-batch"
+       for name in ("run_qwen2_5_7b_fsdp", "run_qwen2_5_7b_fsdp_multi_rs")},
     ("1dda039b9", "examples/router_replay/run_qwen3_30b_a3b_megatron.sh"):
         f"actor_rollout_ref.actor.model_engine is no key of veRL's actor config at 1dda039b9: {_NOT_IN_STRUCT}",
     ("1dda039b9", "examples/tuning/scaling/run_qwen2_5_32b_megatron.sh"):

@@ -156,6 +156,18 @@ def test_an_npu_device_is_refused_rather_than_run_on_the_cpu():
         validate(cfg, check_files=False)
 
 
+def test_a_strategy_only_verl_has_is_refused_naming_it_and_verlxs_own_pass():
+    with pytest.raises(ConfigError) as e:
+        ppo(["actor_rollout_ref.actor.strategy=fsdp_turbo", "critic.strategy=fsdp_turbo"])
+    for key in ("actor_rollout_ref.actor.strategy", "critic.strategy"):
+        assert (f"{key}='fsdp_turbo' (set at command line: '{key}=fsdp_turbo'): verlx does not support veRL's "
+                "FSDP-Turbo engine") in str(e.value)
+    assert ppo(["actor_rollout_ref.actor.strategy=fsdp2"]).actor_rollout_ref.actor.strategy == "fsdp2"
+    cfg = ppo(["actor_rollout_ref.actor.strategy=fsdp1"])  # not veRL's: verlx's own check names the choices
+    with pytest.raises(ConfigError, match=r"actor.strategy='fsdp1' is not one of \['fsdp', 'fsdp2', 'megatron'\]"):
+        validate(cfg, check_files=False)
+
+
 def test_a_reward_model_pool_of_its_own_is_refused_naming_it():
     with pytest.raises(ConfigError, match=r"reward_model.enable_resource_pool=True .*a GPU pool of the reward "
                        r"model's own"):

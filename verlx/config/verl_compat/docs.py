@@ -152,6 +152,9 @@ running something else:
 - **VeOmni** (`model_engine=veomni`): veRL's FSDP engine with its own MoE kernels and expert parallelism. Of the 2026-08
   scripts that choose it, all but one rely on expert parallelism, routing replay, a vision-language model or
   distillation; mapping it onto verlx's FSDP2 engine would serve that one, and its kernels would silently change.
+- **FSDP-Turbo** (`strategy=fsdp_turbo`, 2026-08, two Qwen3.5 scripts): veRL's engine over the `fsdp_turbo`
+  package, configured by module patches of that package (`turbo_config`); refused naming it (it was a bare "not
+  one of" before 2026-11-27), since its patches name the package's own functions.
 - **Megatron-Lite**, **torchtitan** and **AutoModel** engines, **megatron SFT**: other training engines; refused.
 - **On-policy distillation** (teacher models), **TransferQueue**, **fully asynchronous trainers** of
   `verl.experimental` (verlx: `trainer.rollout_mode=async`), **MTP**, **QAT**, **FP8 / quantized rollout**, **routing

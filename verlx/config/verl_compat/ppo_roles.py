@@ -9,6 +9,7 @@ MODEL = "actor_rollout_ref.model"
 ROLES = (ACTOR, REF, CRITIC)
 TORCHTITAN = "veRL's torchtitan engine (model_engine=torchtitan), which verlx does not have"
 VEOMNI = "veRL's VeOmni engine (model_engine=veomni), which verlx does not have"
+FSDP_TURBO = "veRL's FSDP-Turbo engine (strategy=fsdp_turbo, the fsdp_turbo package; verlx's FSDP engine is fsdp2)"
 PACKED = "verlx packs the sequences of a micro-batch (actor_rollout_ref.model.use_remove_padding) rather than padding"
 NO_TRAINING = "the reference does not train"
 MUON_KEYS = ("coefficient_type", "extra_scale_factor", "fp32_matmul_prec", "match_adamw_update_rms", "momentum",
@@ -37,6 +38,7 @@ def _every_role() -> list:
         rows += [
             Ignored(f"{role}.torchtitan", f"read only by {TORCHTITAN}"),
             Ignored(f"{role}.veomni", f"read only by {VEOMNI}"),
+            Refused(f"{role}.strategy", FSDP_TURBO, asked_by=("fsdp_turbo",)),
             Ignored(f"{role}.rollout_n", "veRL copies actor_rollout_ref.rollout.n here; verlx reads that key"),
             Ignored(f"{role}.pad_to_length", PACKED),
             *role_profiler_rows(f"{role}.profiler"),
@@ -88,7 +90,7 @@ def _fsdp_engine(section: str, role: str, trains: bool) -> list:
         Ignored(f"{section}.use_orig_params", "an FSDP1 option; verlx's engine is FSDP2"),
         Ignored(f"{section}.pad_to_length", PACKED),
         Ignored(f"{section}.pad_to_length_bucket", PACKED),
-        Ignored(f"{section}.turbo_config", "read only by veRL's FSDP-turbo engine, which verlx does not have"),
+        Ignored(f"{section}.turbo_config", f"read only by {FSDP_TURBO.split(' (')[0]}, which verlx does not have"),
         Refused(f"{section}.full_determinism", "bitwise-deterministic training kernels"),
         Refused(f"{section}.qat", "quantization-aware training", switch=f"{section}.qat.enable"),
     ]
