@@ -40,7 +40,8 @@ SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=151936),
 }
-SHOWN = ("timing_s/step", "timing_s/gen", "timing_s/update_weights", "timing_s/reward", "timing_s/old_log_prob",
+SHOWN = ("timing_s/step", "timing_s/gen", "timing_s/wake_weights", "timing_s/update_weights", "timing_s/wake_kv_cache",
+         "timing_s/generate_engine", "timing_s/engine_sleep", "timing_s/reward", "timing_s/old_log_prob",
          "timing_s/ref", "timing_s/adv", "timing_s/update_actor", "perf/throughput", "perf/max_memory_allocated_gb",
          "perf/max_memory_allocated_gb/gen", "perf/mfu/actor", "response_length/mean", "rollout/logprob_diff",
          "rollout/engine_asleep_gb", "perf/device_memory_used_gb/gen", "perf/device_memory_imbalance/gen",

@@ -92,6 +92,30 @@ def test_one_rl_step(fake, tmp_path, version):
     assert params["lm_head.weight"].eq(24).all() and params["lm_head.weight"].dtype == torch.bfloat16
 
 
+def test_awake_times_each_part_of_the_cycle_and_pushes_a_version_once(fake, tmp_path):
+    """The generation phase's cycle, timed apart (issue 26.3: wake, push and sleep within the gen phase): the push
+    only for a version the engine does not hold yet, the sleep once the block has run."""
+    import contextlib
+
+    from verlx.rollout.base import PolicyWeights
+
+    state = fake()
+    engine = build(tmp_path)
+    engine.update_weights(trainer_weights(), version=0)
+    engine.sleep()
+    weights = PolicyWeights(1, lambda: contextlib.nullcontext(trainer_weights(scale=2.0)))
+    with engine.awake(weights) as timing:
+        assert set(timing) == {"timing_s/wake_weights", "timing_s/update_weights", "timing_s/wake_kv_cache"}
+    assert set(timing) == {"timing_s/wake_weights", "timing_s/update_weights", "timing_s/wake_kv_cache",
+                           "timing_s/engine_sleep"}
+    assert all(v >= 0 for v in timing.values()) and engine.residency.asleep
+    with engine.awake(weights) as again:  # version 1 is held: no push
+        pass
+    assert set(again) == {"timing_s/wake_weights", "timing_s/wake_kv_cache", "timing_s/engine_sleep"}
+    assert [c[0] for c in state.calls if c[0] in ("sleep", "wake_up")] == ["sleep", "wake_up", "wake_up", "sleep",
+                                                                          "wake_up", "wake_up", "sleep"]
+
+
 def test_generate_returns_the_shared_layout(fake, tmp_path):
     state = fake()
     engine = build(tmp_path, load_format="auto")

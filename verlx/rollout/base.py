@@ -264,19 +264,26 @@ class RolloutEngine(abc.ABC):
     def awake(self, weights: PolicyWeights | None = None) -> Iterator[dict[str, float]]:
         """The engine's cycle around one generation, in one place: weights resumed, `weights` pushed unless the
         engine holds that version already, the KV cache resumed; released again after the block. Yields the
-        timings it measured (timing_s/update_weights when it pushed)."""
+        timings it measured, each part of the cycle apart (timing_s/wake_weights, update_weights when it pushed,
+        wake_kv_cache, and engine_sleep, added to the same dict once the block has run)."""
         timing: dict[str, float] = {}
+        start = time.perf_counter()
         self.wake_up([WEIGHTS])
+        timing["timing_s/wake_weights"] = time.perf_counter() - start
         if weights is not None and not self.residency.holds(weights.version):
             start = time.perf_counter()
             with weights.open() as tensors:
                 self.update_weights(tensors, version=weights.version)
             timing["timing_s/update_weights"] = time.perf_counter() - start
+        start = time.perf_counter()
         if self.ctx.device.type == "cuda" and KV_CACHE not in self.residency.resident:
             torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
         self.wake_up([KV_CACHE])
+        timing["timing_s/wake_kv_cache"] = time.perf_counter() - start
         yield timing
+        start = time.perf_counter()
         self.sleep()
+        timing["timing_s/engine_sleep"] = time.perf_counter() - start
 
     # ------------------------------------------------------------------ generation
     def open_stream(self, params: SamplingParams, partial: bool = False) -> RequestStream:

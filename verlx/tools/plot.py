@@ -24,7 +24,8 @@ from verlx.utils.paths import expand_path
 DEFAULT_NAME = "training_curves.png"
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # how the file logger writes them
 # Worker-side timings measured inside a driver phase: stacking them on top of it would count that time twice.
-NESTED_TIMINGS = ("timing_s/update_weights", "timing_s/generate_engine")
+NESTED_TIMINGS = ("timing_s/wake_weights", "timing_s/update_weights", "timing_s/wake_kv_cache",
+                  "timing_s/generate_engine", "timing_s/engine_sleep")
 NESTED_TIMING_SUFFIX = "_worker"
 
 
