@@ -56,7 +56,8 @@ def run_mode(mode: str, args, model_dir: str, data_dir: str, work: str) -> dict:
         *mode_overrides(mode, args), *args.extra,
     ]
     start = time.time()
-    rc = subprocess.run([sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], cwd=ROOT).returncode
+    limit = ["timeout", "-k", "30", str(args.timeout_s)] if args.timeout_s else []  # SIGTERM: a clean stop first
+    rc = subprocess.run([*limit, sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], cwd=ROOT).returncode
     wall = time.time() - start
     rows = []
     if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
@@ -89,6 +90,7 @@ def main() -> int:
     p.add_argument("--engine", default="native")
     p.add_argument("--device", default="cuda")
     p.add_argument("--extra", nargs="*", default=[], help="more key=value overrides for every mode")
+    p.add_argument("--timeout-s", type=int, default=0, help="each mode's limit (0: none); the next mode still runs")
     args = p.parse_args()
     if args.smoke:
         args.shape, args.modes, args.steps, args.prompts, args.n = "tiny", ["sync", "one_step_off"], 2, 2, 2
