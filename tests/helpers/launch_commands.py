@@ -67,14 +67,19 @@ class Fixtures:
     reward_file: str
     #: stand-ins of vision-language checkpoints by model_type (VISION_STAND_INS)
     vision_model_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: stand-ins of other text architectures by the pattern of their names (ARCHITECTURE_STAND_INS)
+    architecture_model_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def model_for(self, path: str | None) -> str:
-        """The stand-in of the model a command names: a vision-language one of the family its name says, else the
-        text model."""
+        """The stand-in of the model a command names: a vision-language one of the family its name says, or one
+        with the architecture, layers and experts of the text model it names, else the Qwen2 text model."""
         name = os.path.basename(str(path or "").rstrip("/")).lower()
         for pattern, model_type in VISION_STAND_INS.items():
             if re.search(pattern, name) and model_type in self.vision_model_dirs:
                 return self.vision_model_dirs[model_type]
+        for pattern in ARCHITECTURE_STAND_INS:
+            if re.search(pattern, name) and pattern in self.architecture_model_dirs:
+                return self.architecture_model_dirs[pattern]
         return self.model_dir
 
 
@@ -282,6 +287,48 @@ VISION_STAND_INS = {r"qwen2\.5-vl|qwen2_5_vl": "qwen2_5_vl", r"qwen2-vl|qwen2_vl
                     r"qwen3\.5|qwen3_5": "qwen3_5"}
 
 
+# Hub names of text checkpoints whose architecture is not the Qwen2 stand-in's → what of their config.json the
+# preflight reads (architecture, layers, experts; the stand-in's heads, which divide every script's layout), from
+# the checkpoints' published configs, first match. Dense Qwen2/Qwen2.5/Qwen3/Llama models keep the Qwen2 stand-in:
+# every path verlx takes for them is the same.
+ARCHITECTURE_STAND_INS = {
+    r"deepseek-(v3|r1)": dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
+                              num_hidden_layers=61, n_routed_experts=256, num_experts_per_tok=8,
+                              moe_intermediate_size=2048),
+    r"moonlight": dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], num_hidden_layers=27,
+                       n_routed_experts=64, num_experts_per_tok=6, moe_intermediate_size=1408),
+    r"deepseek-v2-lite": dict(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"],
+                              num_hidden_layers=27, n_routed_experts=64, num_experts_per_tok=6,
+                              moe_intermediate_size=1408),
+    r"gpt-oss-20b": dict(model_type="gpt_oss", architectures=["GptOssForCausalLM"], num_hidden_layers=24,
+                         num_local_experts=32, num_experts_per_tok=4),
+    r"gpt-oss-120b": dict(model_type="gpt_oss", architectures=["GptOssForCausalLM"], num_hidden_layers=36,
+                          num_local_experts=128, num_experts_per_tok=4),
+    r"qwen3-next": dict(model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"], num_hidden_layers=48,
+                        num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512),
+    r"qwen3-235b-a22b": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_hidden_layers=94,
+                             num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536),
+    r"qwen3-30b-a3b": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_hidden_layers=48,
+                           num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
+    r"qwen1\.5-moe-a2\.7b": dict(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], num_hidden_layers=24,
+                                num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408),
+    r"mixtral-8x7b": dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_hidden_layers=32,
+                          num_local_experts=8, num_experts_per_tok=2),
+    r"seed-oss-36b": dict(model_type="seed_oss", architectures=["SeedOssForCausalLM"], num_hidden_layers=64),
+}
+
+
+def architecture_stand_in(path: str, fields: dict) -> str:
+    """The Qwen2 stand-in's files with `fields` of another architecture in its config.json."""
+    shaped_model_dir(path)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config.update(fields)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
 def vision_stand_in(path: str, model_type: str) -> str:
     """The text stand-in's files with a vision-language config.json: `model_type`, its shape as text_config, the
     vision fields the engines read (the hub's Qwen2-VL configs carry in_chans beside in_channels)."""
@@ -313,4 +360,6 @@ def make_fixtures(directory: str) -> Fixtures:
     with open(reward_file, "w") as f:
         f.write("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     vision = {t: vision_stand_in(os.path.join(directory, f"model_{t}"), t) for t in set(VISION_STAND_INS.values())}
-    return Fixtures(home, data_file, model_dir, reward_file, vision)
+    architectures = {pattern: architecture_stand_in(os.path.join(directory, f"model_arch{i}"), fields)
+                     for i, (pattern, fields) in enumerate(ARCHITECTURE_STAND_INS.items())}
+    return Fixtures(home, data_file, model_dir, reward_file, vision, architectures)

@@ -74,3 +74,28 @@ def test_a_refused_command_exits_2_with_the_message_and_no_traceback(tmp_path):
     assert_no_traceback(result)
     assert "trainer.device='npu' (set at command line: 'trainer.device=npu'): verlx does not support Ascend NPUs" \
            in result.stderr
+
+
+def test_a_named_architecture_gets_its_stand_in_and_megatron_refuses_one_it_lacks(fixtures):
+    """veRL's scripts name their checkpoints: the harness stands in each architecture's config (its layers and
+    experts), so a megatron script for Moonlight (DeepSeek-V3's architecture) is judged as the real checkpoint
+    would be, not as the Qwen2 stand-in."""
+    import json
+
+    def config(path):
+        with open(os.path.join(fixtures.model_for(path), "config.json")) as f:
+            return json.load(f)
+
+    moonlight = config("$HOME/models/Moonlight-16B-A3B-Instruct")
+    assert (moonlight["architectures"], moonlight["num_hidden_layers"], moonlight["n_routed_experts"]) == (
+        ["DeepseekV3ForCausalLM"], 27, 64)
+    assert config("Qwen/Qwen3-30B-A3B-Base")["num_experts"] == 128
+    assert fixtures.model_for("Qwen/Qwen2.5-7B-Instruct") == fixtures.model_dir
+    line = ("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer algorithm.adv_estimator=grpo "
+            "data.train_files=x data.val_files=x actor_rollout_ref.model.path=moonshotai/Moonlight-16B-A3B "
+            "actor_rollout_ref.rollout.name=vllm trainer.n_gpus_per_node=8")
+    module, argv = module_and_argv(line)
+    outcome = run_command(command_from_line("moonlight", module, argv, DATA_DIR), fixtures)
+    assert outcome.status == "refused", outcome.detail
+    assert "is a DeepseekV3ForCausalLM: verlx's megatron engine does not support that architecture yet" in \
+        outcome.detail

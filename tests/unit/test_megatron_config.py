@@ -66,8 +66,8 @@ def test_layout_problems_are_reported_before_ray(tmp_path):
 def test_unsupported_architecture_and_mixed_backends(tmp_path):
     cfg = _config(tmp_path, arch="GemmaForCausalLM")
     problems = megatron_problems(cfg, 8, True)
-    assert any("GemmaForCausalLM, which has no megatron converter; supported architectures: LlamaForCausalLM, "
-               "Qwen2ForCausalLM, Qwen3ForCausalLM" in p for p in problems)
+    assert any("is a GemmaForCausalLM: verlx's megatron engine does not support that architecture yet (no "
+               "converter); it supports LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM" in p for p in problems)
     mixed = _config(tmp_path, "critic.strategy=fsdp", "algorithm.adv_estimator=gae")
     assert any("colocated roles must use the same backend" in p for p in megatron_problems(mixed, 8, True))
 

@@ -111,8 +111,9 @@ def _check_role(role: _Role, world_size: int, f: Findings) -> None:
     shape = _model_shape(role.model_path) or {}
     archs = shape.pop("architectures", [])
     for arch in archs[:1]:
-        f.require(arch in ARCHITECTURES, f"{key}: the model at {role.model_path} is a {arch}, which has no megatron "
-                  f"converter; supported architectures: {', '.join(ARCHITECTURES.names())}")
+        f.require(arch in ARCHITECTURES, f"{key}: the model at {role.model_path} is a {arch}: verlx's megatron engine "
+                  f"does not support that architecture yet (no converter); it supports "
+                  f"{', '.join(ARCHITECTURES.names())}, and strategy=fsdp trains any architecture transformers has")
     experts, moe_ffn = shape.pop("num_experts", 0), shape.pop("moe_ffn_hidden_size", None)
     f.problems += check_layout(world_size, m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
                                m.context_parallel_size, m.virtual_pipeline_model_parallel_size, key=key,
