@@ -128,6 +128,8 @@ FAMILIES = (
     (r"=nsys: the nsys command", "Nsight Systems (nsys) not installed here"),
     (r"profiler\.tool=", "profiler tools verlx lacks (npu, precision_debugger)"),
     (r"in_pipeline_split", "megatron's uneven pipeline split"),
+    (r"megatron engine does not support that architecture", "megatron with other architectures (DeepSeek-V3, "
+     "GPT-OSS, Qwen3-Next, Qwen1.5-MoE)"),
     (r"veRL's own classes", "veRL's own classes (tools, agent loops, reward managers)"),
     (r"needs a rollout engine that takes image inputs", "image input of the rollout engine (vision-language models on "
      "the native engine, or vLLM in server mode)"),

@@ -292,7 +292,7 @@ VISION_STAND_INS = {r"qwen2\.5-vl|qwen2_5_vl": "qwen2_5_vl", r"qwen2-vl|qwen2_vl
 # the checkpoints' published configs, first match. Dense Qwen2/Qwen2.5/Qwen3/Llama models keep the Qwen2 stand-in:
 # every path verlx takes for them is the same.
 ARCHITECTURE_STAND_INS = {
-    r"deepseek-(v3|r1)": dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
+    r"deepseek-(v3|r1)|dsv3": dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
                               num_hidden_layers=61, n_routed_experts=256, num_experts_per_tok=8,
                               moe_intermediate_size=2048),
     r"moonlight": dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], num_hidden_layers=27,

@@ -75,30 +75,38 @@ types and preflights each trainer command line it launches, `verl.` read as `ver
 
 | set | veRL commit | recipe commit | pass preflight | refused: a missing feature | by veRL too | otherwise | crashed |
 |---|---|---|---|---|---|---|---|
-| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 133 / 201 | 44 | 4 | 20 | 0 |
-| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 79 / 191 | 86 | 3 | 23 | 0 |
+| 2026-01 | b178a3cd5 (volcengine/verl) | 21892b927 | 131 / 201 | 47 | 4 | 19 | 0 |
+| 2026-08 | 1dda039b9 (verl-project/verl) | e7f889574 | 78 / 191 | 89 | 5 | 19 | 0 |
 
 Measured again on 2026-11-27 08:40 after three features landed: bf16 gradient reduction
 (`fsdp_config.mixed_precision.reduce_dtype=bf16`; passes one script of each set), uneven megatron pipeline splits
 (`num_layers_in_first/last_pipeline_stage`) and IcePop's `rollout_is_threshold="lower_upper"`; the 2026-08 ReMax
 script that launches `verl.trainer.main_ppo_sync`, a module veRL's own tree lacks at that commit, now counts as
-refused by veRL too. A caveat of the harness: every text checkpoint is stood in by one Qwen2-shaped model (96
-layers), so a script is judged as if its model were Qwen2. The Moonlight-16B megatron script passes here since the
-uneven split landed, but a real Moonlight checkpoint (`DeepseekV3ForCausalLM`) is refused by verlx's megatron engine
-for its architecture; the DeepSeek-V3 671B scripts are refused here for a pipeline split that does not fit 96
-layers (it fits the real 61) and would be refused for the architecture too. So the 2026-01 figure overstates by
-one.
+refused by veRL too.
+
+Measured again on 2026-11-27 11:40 with **per-architecture stand-ins**: until then every text checkpoint was stood
+in by one Qwen2-shaped model (96 layers), so a script was judged as if its model were Qwen2. The harness now gives
+the checkpoints veRL's scripts name that are not dense Qwen/Llama models their architecture, layers and experts
+(DeepSeek-V3/R1, Moonlight, DeepSeek-V2-Lite, GPT-OSS, Qwen3-Next, Qwen3's and Qwen1.5's mixtures of experts,
+Mixtral, Seed-OSS; tests/helpers/launch_commands.py). Three passes were hollow and are now refused, as the real
+checkpoints are, naming the architecture verlx's megatron engine has no converter for: the Moonlight-16B megatron
+scripts of both sets (`DeepseekV3ForCausalLM`) and the 2026-01 Qwen1.5-MoE-A2.7B megatron script
+(`Qwen2MoeForCausalLM`); the DeepSeek-V3 671B scripts are refused for the architecture instead of for a pipeline
+split that did not fit 96 layers. In the same run, `strategy=fsdp_turbo` (two 2026-08 scripts) is refused naming
+veRL's FSDP-Turbo engine rather than with a bare "not one of", and the two 2026-08 rollout_correction scripts count
+as refused by veRL too (its engine worker asserts the micro-batch divides the per-GPU mini-batch, as the 2026-01
+FSDP worker does). Before: 133 / 201 and 79 / 191.
 
 "Refused otherwise": at least one problem is worded other than "does not support": transformer-engine and DeepEP
-options (those packages are not installed here), megatron context parallelism and pipeline splits that do not fit
-the stand-in's layers, multi-turn
-tools on vLLM without rollout.mode=async, and in 2026-08 keys newer than veRL 0.9.1's table (the torch profiler's
-step_start/step_end, rollout_correction.use_policy_gradient, critic.entropy_checkpointing) and a batch size that
-does not divide. The refusal families that block the most commands (commands blocked; blocked by that family alone):
+options (those packages are not installed here), megatron context parallelism, multi-turn tools on vLLM without
+rollout.mode=async, and in 2026-08 keys newer than veRL 0.9.1's table (the torch profiler's step_start/step_end,
+rollout_correction.use_policy_gradient, critic.entropy_checkpointing). The refusal families that block the most
+commands (commands blocked; blocked by that family alone):
 
-- 2026-01: transformer-engine options (10; 4), veRL's own tool, agent-loop and reward-manager classes (10; 4;
+- 2026-01: transformer-engine options (10; 3), veRL's own tool, agent-loop and reward-manager classes (10; 4;
   among them the retool recipe's own sandbox tool, `recipe.retool.retool.CustomSandboxFusionTool`, whose file also
-  imports veRL's modules), megatron CPU offload (5; 0), multi-turn tools on vLLM without async (5; 0), the agent
+  imports veRL's modules), megatron with other architectures (DeepSeek-V3, GPT-OSS, Qwen3-Next, Qwen1.5-MoE: 7; 3),
+  megatron CPU offload (5; 0), multi-turn tools on vLLM without async (5; 0), the agent
   loop with vision-language models (4; 3), DeepEP options (3; 0), the megatron engine with vision-language models
   (3; 2), the Ascend NPU and precision_debugger profilers (2; 2), Qwen3-VL's mixtures of experts (`qwen3_vl_moe`:
   2; 2), Nsight Systems not installed here (2; 2). Since 2026-11-27 `global_profiler.tool=torch_memory` runs (CPU
@@ -106,11 +114,11 @@ does not divide. The refusal families that block the most commands (commands blo
   the dense Qwen3-VL trains on FSDP (docs/vision_language.md): its 2026-01 scripts use megatron or the MoE models,
   so they stay refused. The two nsys scripts are refused here only because this CPU machine has no `nsys` on PATH
   (their one problem), so on a machine with Nsight Systems installed the 2026-01 figure is 133 / 201.
-- 2026-08: Ascend NPUs (14; 9), transformer-engine options (11; 5), veRL's own classes (10; 4), VeOmni (8; 8),
-  expert-parallel rollout engines (7; 1), the vision-language architecture Qwen3.5 (6; 6), on-policy distillation
-  (5; 5), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0), quantization-aware training
-  (4; 4), `qwen3_vl_moe` (3; 3). Qwen3-VL-8B on FSDP passes since 2026-11-27 (it was refused for its architecture
-  alone), and one torch_memory script.
+- 2026-08: Ascend NPUs (14; 9), transformer-engine options (11; 4), veRL's own classes (10; 4), VeOmni (8; 8),
+  expert-parallel rollout engines (7; 1), the vision-language architecture Qwen3.5 (6; 6), megatron with other
+  architectures (5; 1), on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron
+  CPU offload (4; 0), quantization-aware training (4; 4), `qwen3_vl_moe` (3; 3). Qwen3-VL-8B on FSDP passes since
+  2026-11-27 (it was refused for its architecture alone), and one torch_memory script.
 
 The launch harness stands in a vision-language config.json for the hub names of vision-language checkpoints
 (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V, Kimi-VL, MiniCPM-o), so their runs are refused as verlx refuses
