@@ -83,8 +83,13 @@ class Refused:
 
     def asks_for_nothing(self, value: Any) -> bool:
         if self.asked_by is not None:
-            return not any(type(value) is type(v) and value == v for v in self.asked_by)
-        return any(type(value) is type(v) and value == v for v in self.inert)
+            return not _one_of(value, self.asked_by)
+        return _one_of(value, self.inert)
+
+
+def _one_of(value: Any, values: tuple) -> bool:
+    """`value` is one of `values`, type included (True is not 1, 0 is not False)."""
+    return any(type(value) is type(v) and value == v for v in values)
 
 
 @dataclass(frozen=True)

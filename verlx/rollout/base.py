@@ -14,7 +14,6 @@ import functools
 import importlib.util
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from verlx.rollout.residency import KV_CACHE, WAKE_ORDER, WEIGHTS, EngineResiden
 from verlx.rollout.seeds import row_seed
 from verlx.rollout.stream import RequestStream, StreamLimits
 from verlx.utils.registry import Registry
+from verlx.utils.timer import timed
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -267,23 +267,18 @@ class RolloutEngine(abc.ABC):
         timings it measured, each part of the cycle apart (timing_s/wake_weights, update_weights when it pushed,
         wake_kv_cache, and engine_sleep, added to the same dict once the block has run)."""
         timing: dict[str, float] = {}
-        start = time.perf_counter()
-        self.wake_up([WEIGHTS])
-        timing["timing_s/wake_weights"] = time.perf_counter() - start
+        with timed("timing_s/wake_weights", timing):
+            self.wake_up([WEIGHTS])
         if weights is not None and not self.residency.holds(weights.version):
-            start = time.perf_counter()
-            with weights.open() as tensors:
+            with timed("timing_s/update_weights", timing), weights.open() as tensors:
                 self.update_weights(tensors, version=weights.version)
-            timing["timing_s/update_weights"] = time.perf_counter() - start
-        start = time.perf_counter()
-        if self.ctx.device.type == "cuda" and KV_CACHE not in self.residency.resident:
-            torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
-        self.wake_up([KV_CACHE])
-        timing["timing_s/wake_kv_cache"] = time.perf_counter() - start
+        with timed("timing_s/wake_kv_cache", timing):
+            if self.ctx.device.type == "cuda" and KV_CACHE not in self.residency.resident:
+                torch.cuda.empty_cache()  # cached free blocks are invisible to an engine that asks the driver
+            self.wake_up([KV_CACHE])
         yield timing
-        start = time.perf_counter()
-        self.sleep()
-        timing["timing_s/engine_sleep"] = time.perf_counter() - start
+        with timed("timing_s/engine_sleep", timing):
+            self.sleep()
 
     # ------------------------------------------------------------------ generation
     def open_stream(self, params: SamplingParams, partial: bool = False) -> RequestStream:
