@@ -261,8 +261,9 @@ STAND_IN_SHAPE = {"hidden_size": 2048, "num_attention_heads": 64, "num_key_value
                   "max_position_embeddings": 131072}
 
 
-def shaped_model_dir(path: str) -> str:
-    """The tiny model's tokenizer with a config.json of STAND_IN_SHAPE (no weights: nothing here loads them)."""
+def shaped_model_dir(path: str, architecture: dict | None = None) -> str:
+    """The tiny model's tokenizer with a config.json of STAND_IN_SHAPE (no weights: nothing here loads them), and
+    the fields of another `architecture` (ARCHITECTURE_STAND_INS) on top."""
     from helpers.tiny_tokenizer import save_tiny_qwen2
 
     save_tiny_qwen2(path)
@@ -270,6 +271,7 @@ def shaped_model_dir(path: str) -> str:
         config = json.load(f)
     config.update(STAND_IN_SHAPE)
     config["head_dim"] = STAND_IN_SHAPE["hidden_size"] // STAND_IN_SHAPE["num_attention_heads"]
+    config.update(architecture or {})
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
     for name in os.listdir(path):
@@ -318,17 +320,6 @@ ARCHITECTURE_STAND_INS = {
 }
 
 
-def architecture_stand_in(path: str, fields: dict) -> str:
-    """The Qwen2 stand-in's files with `fields` of another architecture in its config.json."""
-    shaped_model_dir(path)
-    with open(os.path.join(path, "config.json")) as f:
-        config = json.load(f)
-    config.update(fields)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
-    return path
-
-
 def vision_stand_in(path: str, model_type: str) -> str:
     """The text stand-in's files with a vision-language config.json: `model_type`, its shape as text_config, the
     vision fields the engines read (the hub's Qwen2-VL configs carry in_chans beside in_channels)."""
@@ -360,6 +351,6 @@ def make_fixtures(directory: str) -> Fixtures:
     with open(reward_file, "w") as f:
         f.write("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     vision = {t: vision_stand_in(os.path.join(directory, f"model_{t}"), t) for t in set(VISION_STAND_INS.values())}
-    architectures = {pattern: architecture_stand_in(os.path.join(directory, f"model_arch{i}"), fields)
+    architectures = {pattern: shaped_model_dir(os.path.join(directory, f"model_arch{i}"), fields)
                      for i, (pattern, fields) in enumerate(ARCHITECTURE_STAND_INS.items())}
     return Fixtures(home, data_file, model_dir, reward_file, vision, architectures)
