@@ -53,10 +53,10 @@ def run_mode(mode: str, args, model_dir: str, data_dir: str, work: str) -> dict:
         f"trainer.device={args.device}", f"trainer.total_training_steps={args.steps}",
         "trainer.val_before_train=false", "trainer.logger=[file]", f"trainer.output_dir={out_dir}",
         f"trainer.default_local_dir={out_dir}/ckpt", "trainer.progress_bar=false", "reward.num_workers=0",
-        *mode_overrides(mode, args), *args.extra,
+        "trainer.save_on_signal=false", *mode_overrides(mode, args), *args.extra,
     ]
     start = time.time()
-    limit = ["timeout", "-k", "30", str(args.timeout_s)] if args.timeout_s else []  # SIGTERM: a clean stop first
+    limit = ["timeout", "-k", "30", str(args.timeout_s)] if args.timeout_s else []  # SIGTERM: a clean stop, no save
     rc = subprocess.run([*limit, sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], cwd=ROOT).returncode
     wall = time.time() - start
     rows = []

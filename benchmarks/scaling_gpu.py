@@ -46,9 +46,10 @@ def run_layout(args, gpus: int, tp: int, model_dir: str, data_dir: str, work: st
     run_args = argparse.Namespace(**{**vars(args), "gpus": gpus, "prompts": args.prompts_per_gpu * gpus,
                                      "micro_batches": "auto", "ignore_eos": True})
     run_args.extra = [*args.extra, f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
-                      "actor_rollout_ref.actor.use_kl_loss=false", "trainer.save_freq=-1"]
+                      "actor_rollout_ref.actor.use_kl_loss=false", "trainer.save_freq=-1",
+                      "trainer.save_on_signal=false"]  # a run cut at --timeout-s stops at once, saving nothing
     out_dir = os.path.join(work, name)
-    cmd = ["timeout", str(args.timeout_s), sys.executable, "-m", "verlx.trainer.main_ppo",
+    cmd = ["timeout", "-k", "30", str(args.timeout_s), sys.executable, "-m", "verlx.trainer.main_ppo",
            *verlx_overrides(run_args, model_dir, data_dir, out_dir)]
     with open(os.path.join(work, f"{name}.log"), "w") as log:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
