@@ -204,6 +204,8 @@ class FakeVLLM:
     start_error: str | None = None
     #: a request makes no progress after this many steps (it stays running: a test aborts it mid-way)
     stall_after: int | None = None
+    #: the server holds its first engine step until this many requests are in flight (a test counts them)
+    hold_until: int | None = None
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]

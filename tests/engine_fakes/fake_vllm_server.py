@@ -20,7 +20,9 @@ LLMEngine (fake_vllm.py):
 (with site_dir and tests/ on its PYTHONPATH and FAKE_VLLM_VERSION, FAKE_VLLM_DIST in its environment;
 FAKE_VLLM_START_ERROR makes the engine fail to start, FAKE_VLLM_STEP_S sets the seconds per engine step,
 FAKE_VLLM_ONE_STEP_PER_TOKEN makes a request take one step per token, FAKE_VLLM_STALL_AFTER=k stops every request
-after k steps until it is aborted, FAKE_VLLM_COMPLETION names a `module:function` making the tokens).
+after k steps until it is aborted, FAKE_VLLM_HOLD_UNTIL=k holds the engine's first step until k requests are in
+flight (at most HOLD_LIMIT_S) and records how many were ("in_flight_at_first_step", count), FAKE_VLLM_COMPLETION names
+a `module:function` making the tokens).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ if os.environ.get("FAKE_VLLM_ONE_STEP_PER_TOKEN"):
     state.steps_of = lambda tokens: max(1, tokens)
 if os.environ.get("FAKE_VLLM_STALL_AFTER"):
     state.stall_after = int(os.environ["FAKE_VLLM_STALL_AFTER"])
+if os.environ.get("FAKE_VLLM_HOLD_UNTIL"):
+    state.hold_until = int(os.environ["FAKE_VLLM_HOLD_UNTIL"])
 if os.environ.get("FAKE_VLLM_COMPLETION"):
     module, name = os.environ["FAKE_VLLM_COMPLETION"].split(":")
     state.completion = getattr(importlib.import_module(module), name)
@@ -56,6 +60,8 @@ if os.environ.get("FAKE_VLLM_COMPLETION"):
 TOKENS_PREFIX = "generate-tokens-"
 DEV_MODE = "VLLM_SERVER_DEV_MODE"
 #: the server process's environment a test checks
+#: the longest FAKE_VLLM_HOLD_UNTIL waits for its requests
+HOLD_LIMIT_S = 10.0
 SERVER_ENV_SEEN = (DEV_MODE, "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD", "CUDA_VISIBLE_DEVICES",
                    "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")
 
@@ -124,6 +130,8 @@ class FakeVLLMServer(FakeHTTPServer):
     # ------------------------------------------------------------------ the engine loop
     async def run(self) -> None:
         """Step while requests make progress; then wait for a new request or a wake-up."""
+        if self.state.hold_until:
+            await self._hold(self.state.hold_until)
         while True:
             await self.work.wait()
             outputs = self.engine.step() if self.engine.running and not self.llm.sleeping else []
@@ -132,6 +140,16 @@ class FakeVLLMServer(FakeHTTPServer):
             for output in outputs:
                 self._deliver(output)
             await asyncio.sleep(self.step_s)
+
+    async def _hold(self, count: int) -> None:
+        """No step until `count` requests are in flight, or HOLD_LIMIT_S after the first one came."""
+        clock = asyncio.get_running_loop().time
+        while not self.requests:
+            await asyncio.sleep(0.01)
+        deadline = clock() + HOLD_LIMIT_S
+        while len(self.requests) < count and clock() < deadline:
+            await asyncio.sleep(0.01)
+        self.state.calls.append(("in_flight_at_first_step", len(self.requests)))
 
     def _deliver(self, output) -> None:
         external, index = self.child_of[output.request_id]

@@ -13,10 +13,12 @@ import urllib.error
 import urllib.request
 
 import pytest
+import torch
 
 from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
 from engine_fakes.fake_sglang import fake_completion
 from engine_fakes.servers import calls, free_port, served_fake, server_ctx, server_log
+from verlx.protocol import DataProto
 from verlx.rollout.vllm_engine import VLLMRolloutEngine
 from verlx.rollout.vllm_server import SERVER_ENV
 from verlx.rollout.weight_sync import WeightSyncError
@@ -68,7 +70,7 @@ def test_the_stream_and_the_weights_go_through_the_server(fake, tmp_path):
         assert set(loaded) == set(info["param_names"]) == {n for n in HF_NAMES if "q_proj" not in n and "k_proj"
                                                            not in n and "v_proj" not in n and "gate_proj" not in n
                                                            and "up_proj" not in n} | fused
-        assert [c[1] for c in seen if c[0] in ("sleep", "wake_up")] == [1, ["weights"], ["kv_cache"]]
+        assert [c[1] for c in seen if c[0] in ("sleep", "wake_up")] == [2, ["weights"], ["kv_cache"]]
         assert os.path.exists(server_log(tmp_path, "vllm", port))
     finally:
         engine.shutdown()
@@ -100,6 +102,24 @@ def test_a_partial_rollout_aborts_its_requests_by_name_and_keeps_their_tokens(fa
                                                                      "generate-tokens-verlx-0-1"]]
         assert sorted(sum([c[1] for c in seen if c[0] == "abort_request"], [])) == [
             "0_generate-tokens-verlx-0-0", "0_generate-tokens-verlx-0-1"]
+    finally:
+        engine.shutdown()
+
+
+def test_every_prompt_of_a_large_batch_is_in_flight_at_once(fake, tmp_path, monkeypatch):
+    """More prompts than an HTTP client's usual connection pool (aiohttp's holds all but 100 back): all reach the
+    server before its first engine step, so the engine schedules the whole batch."""
+    prompts = 150
+    monkeypatch.setenv("FAKE_VLLM_HOLD_UNTIL", str(prompts))
+    engine = VLLMRolloutEngine(server_ctx(tmp_path / "model", free_port()))
+    try:
+        input_ids = torch.tensor([[5, 6, 7 + i % 50] for i in range(prompts)])
+        batch = DataProto({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+                           "position_ids": torch.arange(3).expand(prompts, 3)},
+                          {"uid": [str(i) for i in range(prompts)]})
+        out = engine.generate(batch)
+        assert out.batch["responses"].shape[0] == prompts
+        assert [c[1] for c in calls(engine.server_url) if c[0] == "in_flight_at_first_step"] == [prompts]
     finally:
         engine.shutdown()
 

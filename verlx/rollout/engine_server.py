@@ -196,9 +196,11 @@ class EngineServer:
         if self._session is None:
             # A connection per request (force_close): this loop runs only while a step generates, so a kept-alive
             # connection the server closed while idle (uvicorn's keep-alive is 5 s) still looks open to the pool at
-            # the next step, and the request written on it fails ("Server disconnected", "Broken pipe").
+            # the next step, and the request written on it fails ("Server disconnected", "Broken pipe"). No cap on
+            # connections (limit=0; aiohttp's default holds all but 100 back): every prompt of a batch reaches the
+            # engine at once, whose own max_num_seqs / max_running_requests schedules them.
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
-                                                  connector=aiohttp.TCPConnector(force_close=True))
+                                                  connector=aiohttp.TCPConnector(force_close=True, limit=0))
         try:
             async with self._session.post(f"{self.url}/{endpoint}", json=payload) as response:
                 body = await response.text()
