@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,10 +49,11 @@ def run_layout(args, gpus: int, tp: int, model_dir: str, data_dir: str, work: st
     run_args.extra = [*args.extra, f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
                       "actor_rollout_ref.actor.use_kl_loss=false", "trainer.save_freq=-1",
                       "trainer.save_on_signal=false"]  # a run cut at --timeout-s stops at once, saving nothing
-    out_dir = os.path.join(work, name)
+    out_dir = os.path.join(work, f"{args.engine}_{name}")  # engines share --work (its checkpoint), not their runs
+    shutil.rmtree(out_dir, ignore_errors=True)  # metrics.jsonl appends: a repeated run's rows are its own only
     cmd = ["timeout", "-k", "30", str(args.timeout_s), sys.executable, "-m", "verlx.trainer.main_ppo",
            *verlx_overrides(run_args, model_dir, data_dir, out_dir)]
-    with open(os.path.join(work, f"{name}.log"), "w") as log:
+    with open(f"{out_dir}.log", "w") as log:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     rows = read_rows(os.path.join(out_dir, "metrics.jsonl"))
     return {"layout": name, "gpus": gpus, "tp": tp, "rc": rc, "steps": [r["step"] for r in rows],
