@@ -180,7 +180,7 @@ def test_sleep_frees_state_and_wake_up_restores_it(qwen2):
     model = qwen2[0]
     prompts = ragged_prompts(4, 16, seed=8)
     meta = dict(do_sample=False, min_new_tokens=NEW)
-    engine = make_engine(qwen2)  # sleep_level 1: weights kept in host memory
+    engine = make_engine(qwen2, sleep_level=1)  # weights kept in host memory
     before = engine.generate(with_meta(prompts, **meta)).batch["responses"]
     held = engine.memory_bytes()
     assert held >= engine.weights.nbytes + engine.cache.nbytes > 0

@@ -74,7 +74,7 @@ def test_engine_arguments_environment_and_restored_caller_env(fake, tmp_path, mo
     model = str(tmp_path / "model")
     assert kwargs == dict(
         model_path=model, tokenizer_path=model, skip_tokenizer_init=True, trust_remote_code=False, dtype="bfloat16",
-        load_format="dummy", mem_fraction_static=0.5, enable_memory_saver=True, enable_weights_cpu_backup=True,
+        load_format="dummy", mem_fraction_static=0.5, enable_memory_saver=True, enable_weights_cpu_backup=False,
         tp_size=1, dp_size=1, base_gpu_id=0, gpu_id_step=1, nnodes=1, node_rank=0, dist_init_addr=None,
         port=30000, nccl_port=30001, random_seed=5, context_length=16, max_running_requests=256,
         chunked_prefill_size=8192, disable_cuda_graph=False, disable_prefill_cuda_graph=True,

@@ -82,7 +82,7 @@ def test_one_rl_step(fake, tmp_path, version):
     engine.generate(left_padded_prompts())
     assert phases(state.calls) == ["LLM", "reset_prefix_cache", "generate", "sleep", "wake_up", "wake_up", "generate"]
     assert [c for c in state.calls if c[0] in ("sleep", "wake_up")] == [
-        ("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
+        ("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]  # rollout.sleep_level's default
     params = dict(state.llms[0].model.named_parameters())
     # trainer parameter i holds 2 * (i + 1): q, k, v are 3rd-5th (6, 8, 10), gate/up 8th-9th (16, 18)
     qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
@@ -92,15 +92,17 @@ def test_one_rl_step(fake, tmp_path, version):
     assert params["lm_head.weight"].eq(24).all() and params["lm_head.weight"].dtype == torch.bfloat16
 
 
-def test_awake_times_each_part_of_the_cycle_and_pushes_a_version_once(fake, tmp_path):
+@pytest.mark.parametrize("sleep_level", [1, 2])
+def test_awake_times_each_part_of_the_cycle_and_pushes_a_version_once(fake, tmp_path, sleep_level):
     """The generation phase's cycle, timed apart (issue 26.3: wake, push and sleep within the gen phase): the push
-    only for a version the engine does not hold yet, the sleep once the block has run."""
+    only for a version the engine does not hold yet (at sleep_level 2 the sleep discarded it), the sleep once the
+    block has run."""
     import contextlib
 
     from verlx.rollout.base import PolicyWeights
 
     state = fake()
-    engine = build(tmp_path)
+    engine = build(tmp_path, sleep_level=sleep_level)
     engine.update_weights(trainer_weights(), version=0)
     engine.sleep()
     weights = PolicyWeights(1, lambda: contextlib.nullcontext(trainer_weights(scale=2.0)))
@@ -109,9 +111,10 @@ def test_awake_times_each_part_of_the_cycle_and_pushes_a_version_once(fake, tmp_
     assert set(timing) == {"timing_s/wake_weights", "timing_s/update_weights", "timing_s/wake_kv_cache",
                            "timing_s/engine_sleep"}
     assert all(v >= 0 for v in timing.values()) and engine.residency.asleep
-    with engine.awake(weights) as again:  # version 1 is held: no push
+    with engine.awake(weights) as again:  # version 1 is held at level 1 (no push), discarded at level 2
         pass
-    assert set(again) == {"timing_s/wake_weights", "timing_s/wake_kv_cache", "timing_s/engine_sleep"}
+    pushed_again = {"timing_s/update_weights"} if sleep_level == 2 else set()
+    assert set(again) == {"timing_s/wake_weights", "timing_s/wake_kv_cache", "timing_s/engine_sleep", *pushed_again}
     assert [c[0] for c in state.calls if c[0] in ("sleep", "wake_up")] == ["sleep", "wake_up", "wake_up", "sleep",
                                                                           "wake_up", "wake_up", "sleep"]
 
@@ -186,7 +189,7 @@ def test_names_the_model_did_not_load_raise(fake, tmp_path):
 
 def test_engine_refusals_surface(fake, tmp_path):
     state = fake()
-    engine = build(tmp_path, load_format="auto")
+    engine = build(tmp_path, load_format="auto", sleep_level=1)  # the loaded weights survive the sleep below
     state.reset_answer = False
     with pytest.raises(WeightSyncError, match="refused to reset the prefix cache"):
         engine.update_weights(trainer_weights())

@@ -42,7 +42,7 @@ class GenerationTrainerConfig:
 def generation_rollout_defaults() -> RolloutConfig:
     """Nothing trains next to the engine: it loads its own weights, keeps them awake and skips log-probs."""
     return RolloutConfig(load_format="auto", free_cache_engine=False, calculate_log_probs=False,
-                         gpu_memory_utilization=0.8)
+                         gpu_memory_utilization=0.8, sleep_level=1)
 
 
 @dataclass

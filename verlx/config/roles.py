@@ -175,7 +175,7 @@ class RolloutConfig:
     calculate_log_probs: bool = True
     seed: int = 0
     update_weights_bucket_megabytes: int = 512
-    sleep_level: int = 1
+    sleep_level: int = 2
     multi_stage_wake_up: bool = True
     layered_summon: bool = False
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
