@@ -13,13 +13,16 @@ are read to measure verlx against them (benchmarks/verl_scripts.py), never store
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
+import tempfile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +105,20 @@ def run_script(root: str, script: str, workdir: str, env_vars: dict[str, str], a
     env = {"PATH": f"{workdir}/shims:/usr/bin:/bin", "HOME": f"{workdir}/home", "USER": "user", "LANG": "C.UTF-8",
            "TERM": "dumb", "VERL_EXTRACT_LOG": f"{workdir}/log.jsonl", "BASH_ENV": f"{workdir}/bash_env",
            **env_vars}
-    try:
-        return subprocess.run(["bash", script, *args], cwd=root, env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30).stderr
-    except subprocess.TimeoutExpired:
-        return ""
+    # stderr into a file: the script's end is its process's exit, not the end of a pipe that what it started in the
+    # background (a server with `&`) holds open; that goes with the script's process group
+    with tempfile.TemporaryFile("w+") as stderr, subprocess.Popen(
+            ["bash", script, *args], cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=stderr, start_new_session=True) as proc:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        stderr.seek(0)
+        return stderr.read()
 
 
 def plausible_value(name: str, home: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,3 +58,28 @@ def test_benchmark_counts_a_checkouts_launches_and_names_the_refusal_family(tmp_
     family = "image input of the rollout engine (vision-language models on the native engine, or vLLM in server mode)"
     assert family in out.splitlines()[-1], out
     assert sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs) == before  # ran in a copy
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a container's first process may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_script_is_stopped_with_what_it_started_in_the_background(tmp_path):
+    """A launch script that starts a server with `&` and exits leaves nothing running after the extraction."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from verl_scripts_extract import run_script
+
+    script = tmp_path / "serve.sh"
+    script.write_text(f"#!/usr/bin/env bash\n/bin/sleep 300 &\necho $! > {tmp_path}/pid\necho done >&2\n")
+    (tmp_path / "shims").mkdir()
+    start = time.monotonic()
+    stderr = run_script(str(tmp_path), str(script), str(tmp_path), {}, [])
+    assert time.monotonic() - start < 20
+    pid = int((tmp_path / "pid").read_text())
+    assert not _running(pid)
+    assert stderr == "done\n"  # at the script's exit, not at the 30 s limit the background process would reach
