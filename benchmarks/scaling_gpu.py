@@ -28,7 +28,9 @@ sys.path[:0] = [ROOT, HERE]
 
 from grpo_step_gpu import prepare_inputs, read_rows, verlx_overrides  # noqa: E402
 
-SHOWN = {"step s": "timing_s/step", "gen s": "timing_s/gen", "update s": "timing_s/update_actor",
+SHOWN = {"step s": "timing_s/step", "gen s": "timing_s/gen", "engine generating s": "timing_s/generate_engine",
+         "wake weights s": "timing_s/wake_weights", "engine sleep s": "timing_s/engine_sleep",
+         "update s": "timing_s/update_actor",
          "tokens/s/GPU": "perf/throughput", "awake GB (max)": "perf/device_memory_used_gb/gen",
          "awake spread": "perf/device_memory_imbalance/gen",
          "after update GB (max)": "perf/device_memory_used_gb/actor",
