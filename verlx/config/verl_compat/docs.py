@@ -124,9 +124,10 @@ The launch harness stands in a vision-language config.json for the hub names of 
 (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V, Kimi-VL, MiniCPM-o), so their runs are refused as verlx refuses
 the real checkpoints. The Qwen2-VL / Qwen2.5-VL scripts on FSDP with `rollout.name=vllm` or `sglang` pass (their
 images go to the engine with each request, docs/vision_language.md; CPU-tested against the engines' stand-ins, and
-3 GRPO steps on an H100 with each engine, in-process and through SGLang's server); no script of either set is refused for its rollout engine's image input any more. Before
-(main at 94c791a, measured the same day): 118 / 201 and 72 / 191, that family blocking 8 and 4 scripts alone; one
-of the 2026-08 four is now refused for another feature.
+3 GRPO steps on an H100 with each engine, in-process and through SGLang's server); no script of either set is
+refused for its rollout engine's image input any more. Before (main at 94c791a, measured the same day): 118 / 201
+and 72 / 191, that family blocking 8 and 4 scripts alone; one of the 2026-08 four is now refused for another
+feature.
 
 Issue 23's target (95% of each set) is not met: the families above stay refused (see below for why).
 """
