@@ -122,6 +122,18 @@ def test_output_directories_are_created_up_front_or_named(tmp_path):
                                    "directory this user can write to"]
 
 
+def test_a_server_log_directory_is_checked_only_in_server_mode(tmp_path):
+    (tmp_path / "file").write_text("x")
+    base = (f"trainer.output_dir={tmp_path}/out", f"trainer.default_local_dir={tmp_path}/ckpt",
+            f"actor_rollout_ref.rollout.server.log_dir={tmp_path}/file/logs")
+    prepare_output_dirs(ppo(*base))  # in-process engines write no server log
+    with pytest.raises(ConfigError) as info:
+        prepare_output_dirs(ppo(*base, "actor_rollout_ref.rollout.server.enable=true"))
+    assert info.value.problems == [f"actor_rollout_ref.rollout.server.log_dir={tmp_path}/file/logs: cannot create or "
+                                   f"write to {tmp_path}/file/logs: {tmp_path}/file is a file, not a directory; "
+                                   "choose a directory this user can write to"]
+
+
 # ---------------------------------------------------------------------------------------------- reward columns
 def test_rows_the_built_in_scores_cannot_score_are_named_by_file_and_row(arithmetic_data_dir, tmp_path):
     from helpers.tiny_tokenizer import build_tiny_tokenizer

@@ -106,6 +106,19 @@ def test_a_partial_rollout_aborts_its_requests_by_name_and_keeps_their_tokens(fa
         engine.shutdown()
 
 
+def test_a_server_log_directory_keeps_the_log_after_a_clean_stop(fake, tmp_path):
+    port = free_port()
+    ctx = server_ctx(tmp_path / "model", port)
+    ctx.config.server.log_dir = str(tmp_path / "server_logs")
+    engine = VLLMRolloutEngine(ctx)
+    try:
+        engine.generate(left_padded_prompts())
+    finally:
+        engine.shutdown()
+    assert os.listdir(tmp_path / "server_logs") == [f"verlx_vllm_server_rank0_port{port}.log"]
+    assert not os.path.exists(server_log(tmp_path, "vllm", port))  # nothing in the temporary directory
+
+
 def test_every_prompt_of_a_large_batch_is_in_flight_at_once(fake, tmp_path, monkeypatch):
     """More prompts than an HTTP client's usual connection pool (aiohttp's holds all but 100 back): all reach the
     server before its first engine step, so the engine schedules the whole batch."""

@@ -137,6 +137,7 @@ class RolloutServerConfig:
     host: str = "127.0.0.1"
     port: int | None = None
     startup_timeout_s: float = 600.0
+    log_dir: str | None = None
 
 
 # rollout.dtype: the names every rollout engine understands (each maps the short ones to its own spelling)

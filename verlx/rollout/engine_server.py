@@ -3,7 +3,8 @@ server as a process of its own (its output in a log file, stopped when the worke
 it answers its health check, name the port, the log's last lines and what to check when it does not, send it
 requests (control calls blocking, generation requests as coroutines on the client's own event loop), and stop it.
 
-Its log (`$TMPDIR/verlx_<engine>_server_rank<R>_port<P>.log`) is removed when verlx stops a running server cleanly
+Its log (`verlx_<engine>_server_rank<R>_port<P>.log` in actor_rollout_ref.rollout.server.log_dir, kept there; by
+default in $TMPDIR) is removed when verlx stops a running server cleanly
 (`shutdown()`, which a run's end reaches through Worker.close), and kept wherever it may explain something: a server
 that did not come up (ServerStartError names it), a start that raised after the server came up
 (`shutdown(keep_log=True)`), a server process that exited on its own (the request that found it gone raises
@@ -34,6 +35,7 @@ import urllib.request
 from typing import Any, ClassVar
 
 from verlx.utils.errors import VerlxError
+from verlx.utils.paths import expand_path
 
 #: seconds between two health checks of a starting server
 HEALTH_POLL_S = 0.5
@@ -94,15 +96,19 @@ class EngineServer:
 
     @classmethod
     def launch(cls, server_args: dict[str, Any], env: dict[str, str], timeout_s: float, rank: int,
-               **client_args) -> EngineServer:
+               log_dir: str | None = None, **client_args) -> EngineServer:
         """Start the server process, wait until it answers its health check, and return its client; on failure the
-        process is stopped, its log kept, and ServerStartError names the port, the log and its last lines."""
+        process is stopped, its log kept, and ServerStartError names the port, the log and its last lines. A log in
+        `log_dir` (rollout.server.log_dir) is kept in any case."""
         host, port = server_args["host"], int(server_args["port"])
-        log_path = os.path.join(tempfile.gettempdir(), f"verlx_{cls.engine}_server_rank{rank}_port{port}.log")
+        directory = expand_path(log_dir, absolute=True) if log_dir else tempfile.gettempdir()
+        os.makedirs(directory, exist_ok=True)
+        log_path = os.path.join(directory, f"verlx_{cls.engine}_server_rank{rank}_port{port}.log")
         with open(log_path, "w") as log:
             process = subprocess.Popen([sys.executable, "-m", cls.module, json.dumps(server_args)], stdout=log,
                                        stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
         server = cls(f"http://{_url_host(host)}:{port}", process, log_path, **client_args)
+        server._keep_log = bool(log_dir)
         try:
             server.wait_healthy(timeout_s, rank)
         except BaseException:

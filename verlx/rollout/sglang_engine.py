@@ -178,7 +178,7 @@ class SGLangRolloutEngine(ExternalEngine):
         server = self.config.server
         self.server_args = {**self.server_args, "host": server.host, "port": server_port(self.layout, server.port)}
         client = SGLangServer.launch(self.server_args, server_environment(env), float(server.startup_timeout_s),
-                                     self.ctx.rank, tp_size=self.layout.tp_size)
+                                     self.ctx.rank, log_dir=server.log_dir, tp_size=self.layout.tp_size)
         logger.info("rollout rank %d: sglang server at %s (log %s)", self.ctx.rank, client.url, client.log_path)
         return client
 

@@ -140,7 +140,7 @@ class VLLMRolloutEngine(ExternalEngine):
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
         self._engine = VLLMServer.launch(self.server_args, server_environment(env), float(server.startup_timeout_s),
-                                         self.ctx.rank)
+                                         self.ctx.rank, log_dir=server.log_dir)
         logger.info("rollout rank %d: vllm server at %s (log %s)", self.ctx.rank, self._engine.url,
                     self._engine.log_path)
 

@@ -20,6 +20,9 @@ def output_dirs(config) -> list[tuple[str, str]]:
         dirs.append(("trainer.output_dir", t.output_dir))
     dirs += [(f"trainer.{key}", getattr(t, key)) for key in ("rollout_data_dir", "validation_data_dir")
              if getattr(t, key)]
+    server = config.actor_rollout_ref.rollout.server
+    if server.enable and server.log_dir:
+        dirs.append(("actor_rollout_ref.rollout.server.log_dir", server.log_dir))
     return dirs
 
 
