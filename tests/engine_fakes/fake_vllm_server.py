@@ -59,9 +59,9 @@ if os.environ.get("FAKE_VLLM_COMPLETION"):
 '''
 TOKENS_PREFIX = "generate-tokens-"
 DEV_MODE = "VLLM_SERVER_DEV_MODE"
-#: the server process's environment a test checks
 #: the longest FAKE_VLLM_HOLD_UNTIL waits for its requests
 HOLD_LIMIT_S = 10.0
+#: the server process's environment a test checks
 SERVER_ENV_SEEN = (DEV_MODE, "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD", "CUDA_VISIBLE_DEVICES",
                    "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")
 

@@ -122,7 +122,7 @@ class EngineServer:
         self.loop = asyncio.new_event_loop()
         self._session = None
         self._stopped = False
-        #: a failure named the log, so the stop keeps it
+        #: the stop keeps the log: it is in rollout.server.log_dir (set by `launch`), or a failure named it
         self._keep_log = False
         atexit.register(self._stop_at_exit)
 
