@@ -91,6 +91,18 @@ def pytest_sessionfinish(session, exitstatus):
     _stop_shared_ray()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fake_engine_scratch(tmp_path_factory):
+    """The fake engines' files (helpers/fake_engines.py) under pytest's temporary directory, which pytest prunes,
+    rather than left in /tmp by the killed Ray workers that wrote them; set before any Ray instance starts, whose
+    workers inherit it."""
+    from helpers.fake_engines import SCRATCH_ENV
+
+    os.environ[SCRATCH_ENV] = str(tmp_path_factory.mktemp("fake_engines"))
+    yield os.environ[SCRATCH_ENV]
+    del os.environ[SCRATCH_ENV]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A 2-layer Qwen2 with a character-level tokenizer, saved with save_pretrained (random weights)."""

@@ -21,6 +21,14 @@ from verlx.rollout.vllm_engine import VLLMRolloutEngine
 
 VOCAB = 100  # the tiny test model's (tests/helpers/tiny_tokenizer.py)
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: where the stand-ins' files go (set by the test session to a folder of pytest's own temporary directory, which
+#: pytest prunes): the engines are built in Ray workers that are killed, so they cannot remove what they wrote
+SCRATCH_ENV = "VERLX_TEST_FAKE_ENGINE_DIR"
+
+
+def scratch_dir(prefix: str) -> str:
+    """A new folder under $VERLX_TEST_FAKE_ENGINE_DIR (the system's temporary directory when unset)."""
+    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get(SCRATCH_ENV))
 
 
 def to_budget(prompt: list[int], sample: int, params: dict) -> tuple[list[int], list[float], str]:
@@ -52,15 +60,15 @@ class FakeSGLangEngine(_Available, SGLangRolloutEngine):
     """In server mode (rollout.server.enable) the server process imports the stand-in too, set up alike."""
 
     def __init__(self, ctx):
-        state = install_fake_sglang("0.5.17", tempfile.mkdtemp(prefix="fake_sglang_"))
+        state = install_fake_sglang("0.5.17", scratch_dir("fake_sglang_"))
         state.completion = to_budget
         state.async_rounds = lambda ids: ctx.config.response_length
         state.round_s = float(ctx.config.engine_kwargs.custom.get("token_s", 0.0))
         if ctx.config.server.enable:
-            site = write_importable_package(tempfile.mkdtemp(prefix="fake_sglang_site_"))
+            site = write_importable_package(scratch_dir("fake_sglang_site_"))
             os.environ.update(
                 PYTHONPATH=os.pathsep.join([site, TESTS, os.environ.get("PYTHONPATH", "")]),
-                FAKE_SGLANG_VERSION="0.5.17", FAKE_SGLANG_DIST=tempfile.mkdtemp(prefix="fake_sglang_server_"),
+                FAKE_SGLANG_VERSION="0.5.17", FAKE_SGLANG_DIST=scratch_dir("fake_sglang_server_"),
                 FAKE_SGLANG_ROUNDS=str(ctx.config.response_length), FAKE_SGLANG_ROUND_S=str(state.round_s),
                 FAKE_SGLANG_COMPLETION="helpers.fake_engines:to_budget", **request_log_env(ctx))
         super().__init__(ctx)
@@ -70,15 +78,15 @@ class FakeVLLMEngine(_Available, VLLMRolloutEngine):
     """In server mode (rollout.server.enable) the server process imports the stand-in too, set up alike."""
 
     def __init__(self, ctx):
-        state = install_fake_vllm("0.26.0", tempfile.mkdtemp(prefix="fake_vllm_"))
+        state = install_fake_vllm("0.26.0", scratch_dir("fake_vllm_"))
         state.completion = to_budget
         state.steps_of = lambda tokens: max(1, tokens)
         state.step_s = float(ctx.config.engine_kwargs.custom.get("token_s", 0.0))
         if ctx.config.server.enable:
-            site = write_importable_vllm(tempfile.mkdtemp(prefix="fake_vllm_site_"))
+            site = write_importable_vllm(scratch_dir("fake_vllm_site_"))
             os.environ.update(
                 PYTHONPATH=os.pathsep.join([site, TESTS, os.environ.get("PYTHONPATH", "")]),
-                FAKE_VLLM_VERSION="0.26.0", FAKE_VLLM_DIST=tempfile.mkdtemp(prefix="fake_vllm_server_"),
+                FAKE_VLLM_VERSION="0.26.0", FAKE_VLLM_DIST=scratch_dir("fake_vllm_server_"),
                 FAKE_VLLM_ONE_STEP_PER_TOKEN="1", FAKE_VLLM_STEP_S=str(state.step_s),
                 FAKE_VLLM_COMPLETION="helpers.fake_engines:to_budget", **request_log_env(ctx))
         super().__init__(ctx)
