@@ -161,7 +161,7 @@ def test_server_mode_trains_through_the_engines_http_servers(ray_cpu, tiny_model
     """rollout.server.enable with the sglang / vllm adapter against its stand-in's HTTP server (one per replica):
     every step's weights are pushed over HTTP, the rollout runs through the servers, and the run's numbers are those
     of the same engine in-process. The stand-ins' files went to the session's scratch folder, not to /tmp."""
-    before = set(os.listdir(tempfile.gettempdir()))
+    before, scratch_before = set(os.listdir(tempfile.gettempdir())), set(os.listdir(fake_engine_scratch))
     adapter, push, generate = SERVER_ENGINES[engine]
     common = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=2",
               f"actor_rollout_ref.rollout.name=helpers.fake_engines:{adapter}",
@@ -184,7 +184,8 @@ def test_server_mode_trains_through_the_engines_http_servers(ray_cpu, tiny_model
     assert [r["training/global_step"] for r in server] == [1, 2]
     assert not {name for name in set(os.listdir(tempfile.gettempdir())) - before if name.startswith("fake_")}
     # each of the 2 ranks of both runs installed the stand-in; each server-mode rank also its server's two folders
-    assert len([name for name in os.listdir(fake_engine_scratch) if name.startswith(f"fake_{engine}_")]) == 2 + 2 * 3
+    added = set(os.listdir(fake_engine_scratch)) - scratch_before
+    assert len([name for name in added if name.startswith(f"fake_{engine}_")]) == 2 + 2 * 3
     for a, b in zip(in_process, server):
         for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
