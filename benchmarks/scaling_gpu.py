@@ -32,7 +32,9 @@ SHOWN = {"step s": "timing_s/step", "gen s": "timing_s/gen", "engine generating 
          "wake weights s": "timing_s/wake_weights", "engine sleep s": "timing_s/engine_sleep",
          "update s": "timing_s/update_actor",
          "tokens/s/GPU": "perf/throughput", "awake GB (max)": "perf/device_memory_used_gb/gen",
-         "awake spread": "perf/device_memory_imbalance/gen",
+         "awake spread": "perf/device_memory_imbalance/gen", "awake most rank": "perf/device_memory_most_rank/gen",
+         "awake spread, trainer's own": "perf/device_memory_own_imbalance/gen",
+         "awake spread, the rest": "perf/device_memory_others_imbalance/gen",
          "after update GB (max)": "perf/device_memory_used_gb/actor",
          "after update spread": "perf/device_memory_imbalance/actor", "peak alloc GB": "perf/max_memory_allocated_gb"}
 

@@ -14,6 +14,9 @@ reset when the phase starts), the max over ranks; absent on CPU.
 (rollout: awake, after generating, the engine's KV cache included; update: after the optimizer step), the max over
 ranks; `perf/device_memory_imbalance/<phase>`: (max - min) / max over the ranks, the TP memory-imbalance check of
 veRL's SGLang guide (a rank holding much more than the others is the one that runs out first); absent on CPU.
+Where the spread comes from: `perf/device_memory_most_rank/<phase>` (the rank holding the most),
+`perf/device_memory_own_imbalance/<phase>` (the same spread of what the worker's own allocator reserves) and
+`perf/device_memory_others_imbalance/<phase>` (of the rest: the engine's processes, other contexts).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ MFU_PREFIX = "perf/mfu/"
 MEMORY_PREFIX = "perf/max_memory_allocated_gb/"
 USED_PREFIX = "perf/device_memory_used_gb/"
 IMBALANCE_PREFIX = "perf/device_memory_imbalance/"
+MOST_RANK_PREFIX = "perf/device_memory_most_rank/"
+OWN_IMBALANCE_PREFIX = "perf/device_memory_own_imbalance/"
+OTHERS_IMBALANCE_PREFIX = "perf/device_memory_others_imbalance/"
+_NAN = float("nan")
 
 
 def phase_metrics(phase: str, hf_config, seq_lens: list[int], timer, forward_only: bool = False,
@@ -40,21 +47,33 @@ def phase_metrics(phase: str, hf_config, seq_lens: list[int], timer, forward_onl
     """
     achieved, peak = estimate_flops(hf_config, seq_lens, max(timer.seconds, 1e-9)) if seq_lens else (0.0, None)
     tflops = achieved * share / 3 if forward_only else achieved * share
-    used = float(timer.device_used_bytes) if timer.device_used_bytes is not None else float("nan")
-    mfu = torch.tensor([tflops / peak if peak else float("nan")], dtype=torch.float64)
-    maxima = torch.tensor([float(timer.peak_bytes) if timer.peak_bytes is not None else float("nan"), used, -used],
-                          dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(mfu, group=group)
-        dist.all_reduce(maxima, op=dist.ReduceOp.MAX, group=group)
-        mfu /= dist.get_world_size(group)
+    rows = torch.tensor([[tflops / peak if peak else _NAN, _reading(timer.peak_bytes),
+                          _reading(timer.device_used_bytes), _reading(timer.own_reserved_bytes)]], dtype=torch.float64)
+    if dist.is_initialized():  # one collective: a row per rank
+        gathered = [torch.empty_like(rows) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, rows, group=group)
+        rows = torch.cat(gathered)
+    mfu, peak_bytes, used, own = rows.unbind(1)
     out = {}
-    if not torch.isnan(mfu[0]):
-        out[MFU_PREFIX + phase] = float(mfu[0])
-    if not torch.isnan(maxima[0]):
-        out[MEMORY_PREFIX + phase] = float(maxima[0]) / 2**30
-    if not torch.isnan(maxima[1]):
-        most, least = float(maxima[1]), -float(maxima[2])
-        out[USED_PREFIX + phase] = most / 2**30
-        out[IMBALANCE_PREFIX + phase] = (most - least) / most if most > 0 else 0.0
+    if not mfu.isnan().any():
+        out[MFU_PREFIX + phase] = float(mfu.mean())
+    if not peak_bytes.isnan().any():
+        out[MEMORY_PREFIX + phase] = float(peak_bytes.max()) / 2**30
+    if not used.isnan().any():
+        out.update({USED_PREFIX + phase: float(used.max()) / 2**30, IMBALANCE_PREFIX + phase: _spread(used),
+                    MOST_RANK_PREFIX + phase: float(used.argmax())})
+        if not own.isnan().any():
+            out[OWN_IMBALANCE_PREFIX + phase] = _spread(own)
+            out[OTHERS_IMBALANCE_PREFIX + phase] = _spread(used - own)
     return out
+
+
+
+def _reading(value: int | None) -> float:
+    return float(value) if value is not None else _NAN
+
+
+def _spread(values: torch.Tensor) -> float:
+    """(max - min) / max over the ranks."""
+    most = float(values.max())
+    return (most - float(values.min())) / most if most > 0 else 0.0

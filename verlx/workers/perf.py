@@ -20,14 +20,18 @@ class PhaseTimer:
         self.seconds = 0.0
         self.peak_bytes: int | None = None
         self.device_used_bytes: int | None = None
+        self.own_reserved_bytes: int | None = None
 
     def note_device_used(self) -> None:
-        """Record what every process holds on this GPU now (the rollout engine may run its own processes): the
-        phase's resident footprint, compared across ranks by phase_metrics; no-op on CPU."""
+        """Record what every process holds on this GPU now (the rollout engine may run its own processes) and how
+        much of it this process's allocator reserves: the phase's resident footprint, compared across ranks by
+        phase_metrics (the split says whether a rank holds more because of the trainer or of the rest); no-op on
+        CPU."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             free, total = torch.cuda.mem_get_info(self.device)
             self.device_used_bytes = total - free
+            self.own_reserved_bytes = torch.cuda.memory_reserved(self.device)
 
     @contextmanager
     def measure(self):
