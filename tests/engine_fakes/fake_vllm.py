@@ -73,12 +73,35 @@ class Logprob:
 
 
 @dataclass
+class FlatLogprobs:
+    """vllm.logprobs.FlatLogprobs: every position's entries in flat lists (what a request with flat_logprobs gets);
+    len() is the number of positions."""
+    start_indices: list[int] = field(default_factory=list)
+    end_indices: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int | None] = field(default_factory=list)
+    decoded_tokens: list[str | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.start_indices)
+
+
+def sampled_logprobs(tokens: list[int], lps: list[float], flat: bool) -> list[dict[int, Logprob]] | FlatLogprobs:
+    """The sampled tokens' log-probs (logprobs=0) as vLLM's output holds them: a dict per position, or flat."""
+    if not flat:
+        return [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)]
+    n = len(tokens)
+    return FlatLogprobs(list(range(n)), list(range(1, n + 1)), list(tokens), list(lps), [1] * n, [None] * n)
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None
-    logprobs: list[dict[int, Logprob]] | None
+    logprobs: list[dict[int, Logprob]] | FlatLogprobs | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -105,13 +128,18 @@ class RequestOutputKind(Enum):
 
 class SamplingParams:
     output_kind = RequestOutputKind.CUMULATIVE
+    #: vLLM's SamplingParams is a msgspec Struct; its fields are listed here as msgspec lists them
+    __struct_fields__ = ("n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                         "stop_token_ids", "ignore_eos", "logprobs", "detokenize", "skip_special_tokens",
+                         "flat_logprobs", "output_kind")
 
     def __init__(self, n=1, max_tokens=16, min_tokens=0, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=None,
-                 stop_token_ids=None, ignore_eos=False, logprobs=None, detokenize=True, skip_special_tokens=True):
+                 stop_token_ids=None, ignore_eos=False, logprobs=None, detokenize=True, skip_special_tokens=True,
+                 flat_logprobs=False):
         self.kwargs = dict(n=n, max_tokens=max_tokens, min_tokens=min_tokens, temperature=temperature, top_p=top_p,
                            top_k=top_k, seed=seed, stop=stop, stop_token_ids=stop_token_ids or [],
                            ignore_eos=ignore_eos, logprobs=logprobs, detokenize=detokenize,
-                           skip_special_tokens=skip_special_tokens)
+                           skip_special_tokens=skip_special_tokens, flat_logprobs=flat_logprobs)
 
 
 @dataclass
@@ -247,11 +275,11 @@ def _engine_class(state: FakeVLLM, llm) -> type:
             self.added += 1
             self.running[request_id] = dict(prompt=ids, tokens=tokens, lps=lps, reason=reason, stop_reason=stop_reason,
                                              steps=state.steps_of(len(tokens)), done=0, kind=params.output_kind,
-                                             logprobs=sp["logprobs"] is not None)
+                                             logprobs=sp["logprobs"] is not None, flat=sp["flat_logprobs"])
 
         def _output(self, request_id, entry, start, end, finished):
             tokens, lps = entry["tokens"][start:end], entry["lps"][start:end]
-            logprobs = [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)] if entry["logprobs"] else None
+            logprobs = sampled_logprobs(tokens, lps, entry["flat"]) if entry["logprobs"] else None
             completion = CompletionOutput(0, "", tokens, sum(lps), logprobs, entry["reason"] if finished else None,
                                           entry["stop_reason"] if finished else None)
             return RequestOutput(request_id, None, entry["prompt"], None, [completion], finished)
@@ -317,7 +345,7 @@ def _llm_class(state: FakeVLLM) -> type:
                         reason = "abort"
                     logprobs = None
                     if sp["logprobs"] is not None:
-                        logprobs = [{t: Logprob(lp, 1, None)} for t, lp in zip(tokens, lps)]
+                        logprobs = sampled_logprobs(tokens, lps, sp["flat_logprobs"])
                     completions.append(CompletionOutput(s, "", tokens, sum(lps), logprobs, reason,
                                                         state.abort_samples.get(sample)))
                     sample += 1
@@ -356,7 +384,7 @@ def install_fake_vllm(version: str, dist_dir: str) -> FakeVLLM:
         "vllm.sampling_params": module("vllm.sampling_params", SamplingParams=SamplingParams,
                                        RequestOutputKind=RequestOutputKind),
         "vllm.outputs": module("vllm.outputs", RequestOutput=RequestOutput, CompletionOutput=CompletionOutput),
-        "vllm.logprobs": module("vllm.logprobs", Logprob=Logprob),
+        "vllm.logprobs": module("vllm.logprobs", Logprob=Logprob, FlatLogprobs=FlatLogprobs),
         # the OpenAI-compatible server (fake_vllm_server.py)
         "vllm.entrypoints": module("vllm.entrypoints"),
         "vllm.entrypoints.openai": module("vllm.entrypoints.openai"),

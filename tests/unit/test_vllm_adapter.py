@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from engine_fakes.contexts import make_ctx
-from engine_fakes.fake_vllm import PACKED, CompletionOutput, Logprob
+from engine_fakes.fake_vllm import PACKED, CompletionOutput, Logprob, sampled_logprobs
+from engine_fakes.fake_vllm import SamplingParams as FakeVLLMSamplingParams
 from verlx.config.roles import EngineKwargs
 from verlx.rollout.base import SamplingParams
 from verlx.rollout.engine_layout import plan_engine_layout
@@ -20,6 +21,7 @@ from verlx.rollout.vllm_adapter import (
     finish_of,
     parse_generate_response,
     server_sampling_params,
+    takes_flat_logprobs,
     unloaded_names,
     vllm_sampling_kwargs,
 )
@@ -47,6 +49,31 @@ def test_sampling_kwargs(params, want, expected):
     gives the prompts of a batch correlated noise (children get seed + index); the engine's own seed (per replica)
     keeps tensor-parallel peers in step."""
     assert vllm_sampling_kwargs(params, want) == {**expected, "detokenize": False}
+
+
+def test_flat_log_probs_are_asked_for_only_with_log_probs_and_where_the_release_has_them():
+    params = SamplingParams(max_new_tokens=5)
+    assert vllm_sampling_kwargs(params, True, flat_logprobs=True) == {**vllm_sampling_kwargs(params, True),
+                                                                      "flat_logprobs": True}
+    assert "flat_logprobs" not in vllm_sampling_kwargs(params, False, flat_logprobs=True)
+    assert takes_flat_logprobs(FakeVLLMSamplingParams)  # a Struct listing the field, as vLLM 0.26.0's does
+
+    class OlderRelease:  # a Struct without it (vLLM before December 2025)
+        __struct_fields__ = ("n", "logprobs")
+
+    assert not takes_flat_logprobs(OlderRelease)
+
+
+def test_flat_log_probs_give_the_sampled_tokens_log_probs():
+    flat = CompletionOutput(0, "", [5, 6, 7], None, sampled_logprobs([5, 6, 7], [-0.25, -0.5, -0.75], flat=True))
+    assert completion_tokens(flat, True, "r", flat_logprobs=True) == ([5, 6, 7], [-0.25, -0.5, -0.75])
+    assert completion_tokens(flat, False, "r", flat_logprobs=True) == ([5, 6, 7], None)
+    shifted = CompletionOutput(0, "", [5, 6, 7], None, sampled_logprobs([6, 7, 8], [-0.25, -0.5, -0.75], flat=True))
+    with pytest.raises(EngineGenerationError, match=r"request r: the log-probs name tokens \[6, 7, 8\]"):
+        completion_tokens(shifted, True, "r", flat_logprobs=True)
+    short = CompletionOutput(0, "", [5, 6, 7], None, sampled_logprobs([5, 6], [-0.25, -0.5], flat=True))
+    with pytest.raises(EngineGenerationError, match="request r: 3 tokens but 2 log-prob entries"):
+        completion_tokens(short, True, "r", flat_logprobs=True)
 
 
 def completion(index, ids, reason="stop", logprobs=True, stop_reason=None):

@@ -119,7 +119,15 @@ def test_awake_times_each_part_of_the_cycle_and_pushes_a_version_once(fake, tmp_
                                                                           "wake_up", "wake_up", "sleep"]
 
 
-def test_generate_returns_the_shared_layout(fake, tmp_path):
+@pytest.mark.parametrize("release_has_flat_logprobs", [True, False])
+def test_generate_returns_the_shared_layout(fake, tmp_path, monkeypatch, release_has_flat_logprobs):
+    """The same tokens and log-probs whether the release returns them flat (asked for where SamplingParams has
+    flat_logprobs) or as a dict per position (older releases)."""
+    from engine_fakes.fake_vllm import SamplingParams as FakeSamplingParams
+
+    if not release_has_flat_logprobs:
+        monkeypatch.setattr(FakeSamplingParams, "__struct_fields__",
+                            tuple(f for f in FakeSamplingParams.__struct_fields__ if f != "flat_logprobs"))
     state = fake()
     engine = build(tmp_path, load_format="auto")
     out = engine.generate(left_padded_prompts({"n": 2}))
@@ -128,7 +136,7 @@ def test_generate_returns_the_shared_layout(fake, tmp_path):
     for _, _, _, sampling, kind in adds:
         assert sampling == dict(n=1, max_tokens=6, min_tokens=0, temperature=1.0, top_p=1.0, top_k=-1, seed=None,
                                 stop=None, stop_token_ids=[EOS], ignore_eos=False, logprobs=0, detokenize=False,
-                                skip_special_tokens=True)
+                                skip_special_tokens=True, flat_logprobs=release_has_flat_logprobs)
         assert kind is RequestOutputKind.FINAL_ONLY
     # same fake sample rule as the SGLang test: 118 119 EOS | 105 EOS | 109 EOS | EOS
     assert out.batch["responses"].tolist() == [

@@ -94,12 +94,14 @@ def build_llm_args(ctx: RolloutContext, layout: EngineLayout, field_names: Itera
     return args
 
 
-def vllm_sampling_kwargs(params: SamplingParams, want_log_probs: bool) -> dict[str, Any]:
+def vllm_sampling_kwargs(params: SamplingParams, want_log_probs: bool, flat_logprobs: bool = False) -> dict[str, Any]:
     """SamplingParams → keyword arguments of vllm.SamplingParams.
 
     max_tokens is always explicit (vLLM's default is 16). Greedy is temperature 0 (vLLM then ignores top-p/k and
     the seed); top_k <= 0 means all tokens (-1). stop_token_ids are the EOS ids: vLLM's ignore_eos only ignores
-    the model's EOS, so they are dropped too. logprobs=0 returns the sampled token's log-prob only.
+    the model's EOS, so they are dropped too. logprobs=0 returns the sampled token's log-prob only; with
+    `flat_logprobs` (a release that has it: takes_flat_logprobs) as flat lists rather than a dict and a Logprob
+    object per token, which the engine's process would otherwise build and garbage-collect while it generates.
     No per-request seed: vLLM samples seeded requests one at a time with their own generators (slow at RL batch
     sizes) and seeds a prompt's children seed + index, the same noise for every prompt; the engine's seed (per
     replica, identical on tensor-parallel peers) is used instead.
@@ -117,13 +119,25 @@ def vllm_sampling_kwargs(params: SamplingParams, want_log_probs: bool) -> dict[s
         detokenize=False,
         logprobs=0 if want_log_probs else None,
     )
+    if want_log_probs and flat_logprobs:
+        kwargs["flat_logprobs"] = True
     return kwargs
 
 
-def completion_tokens(completion, want_log_probs: bool, request: str) -> tuple[list[int], list[float] | None]:
-    """A CompletionOutput's token ids and, when asked for, the log-prob of each sampled token (`logprobs` holds per
-    position a mapping token_id → Logprob(logprob, rank, decoded_token)); the ids and log-probs it covers are the
-    request's new ones under RequestOutputKind.DELTA, all of them under FINAL_ONLY."""
+def takes_flat_logprobs(sampling_params_type: type) -> bool:
+    """Whether this release's vllm.SamplingParams (a msgspec Struct, its fields in `__struct_fields__`) has
+    `flat_logprobs` (vLLM pull request 28914, in releases since December 2025)."""
+    return "flat_logprobs" in getattr(sampling_params_type, "__struct_fields__", ())
+
+
+def completion_tokens(completion, want_log_probs: bool, request: str,
+                      flat_logprobs: bool = False) -> tuple[list[int], list[float] | None]:
+    """A CompletionOutput's token ids and, when asked for, the log-prob of each sampled token; the ids and log-probs
+    it covers are the request's new ones under RequestOutputKind.DELTA, all of them under FINAL_ONLY.
+
+    `logprobs` holds per position a mapping token_id → Logprob(logprob, rank, decoded_token), or, when the request
+    asked for flat_logprobs, one FlatLogprobs whose `token_ids` and `logprobs` lists hold one entry per position
+    (logprobs=0: the sampled token's)."""
     ids = [int(t) for t in completion.token_ids]
     if not want_log_probs:
         return ids, None
@@ -131,6 +145,11 @@ def completion_tokens(completion, want_log_probs: bool, request: str) -> tuple[l
     if positions is None or len(positions) != len(ids):
         got = "none" if positions is None else len(positions)
         raise EngineGenerationError(f"vllm request {request}: {len(ids)} tokens but {got} log-prob entries")
+    if flat_logprobs:
+        if list(positions.token_ids) != ids:
+            raise EngineGenerationError(f"vllm request {request}: the log-probs name tokens "
+                                        f"{list(positions.token_ids)[:6]}... but the sampled tokens are {ids[:6]}...")
+        return ids, list(positions.logprobs)
     try:
         return ids, [float(pos[t].logprob) for pos, t in zip(positions, ids)]
     except KeyError as e:

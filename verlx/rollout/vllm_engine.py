@@ -42,6 +42,7 @@ from verlx.rollout.vllm_adapter import (
     finish_of,
     parse_generate_response,
     server_sampling_params,
+    takes_flat_logprobs,
     unloaded_names,
     vision_language_param_name,
     vllm_sampling_kwargs,
@@ -279,9 +280,11 @@ class VLLMStream(RequestStream):
                  prefix: str, vision: VisionLanguageModel | None = None):
         super().__init__(params, limits, want_log_probs)
         from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import SamplingParams as VLLMSamplingParams
 
         self.llm_engine, self.prefix, self.vision = llm_engine, prefix, vision
         self.output_kind = RequestOutputKind.DELTA if partial else RequestOutputKind.FINAL_ONLY
+        self.flat_logprobs = want_log_probs and takes_flat_logprobs(VLLMSamplingParams)
         self.delta = partial
         self._live: dict[str, tuple[list[int], list[float]]] = {}  # vLLM request id -> tokens, log-probs so far
 
@@ -290,7 +293,7 @@ class VLLMStream(RequestStream):
         from vllm.inputs import TokensPrompt
 
         params = dataclasses.replace(self.params, n=1, max_new_tokens=max_new_tokens)
-        sampling = VLLMSamplingParams(**vllm_sampling_kwargs(params, self.want_log_probs))
+        sampling = VLLMSamplingParams(**vllm_sampling_kwargs(params, self.want_log_probs, self.flat_logprobs))
         sampling.output_kind = self.output_kind
         request_id = self.prefix + key
         ids, images = image_prompt(prompt_ids, self.vision_inputs.get(key), self.images.get(key), self.vision)
@@ -303,7 +306,7 @@ class VLLMStream(RequestStream):
             if output.request_id not in self._live:
                 continue  # finished or cancelled already
             completion = output.outputs[0]
-            ids, lps = completion_tokens(completion, self.want_log_probs, output.request_id)
+            ids, lps = completion_tokens(completion, self.want_log_probs, output.request_id, self.flat_logprobs)
             tokens, log_probs = self._live[output.request_id]
             tokens += ids
             log_probs += lps or []
