@@ -19,8 +19,11 @@ from verlx.trainer.run_lock import LOCK_NAME
 
 
 def test_a_second_run_is_refused_and_a_second_signal_stops_at_once(tiny_model_dir, arithmetic_data_dir, tmp_path):
+    # steps it cannot finish before the signals (50 took 13.5 s after step 1 on a quiet machine; a loaded one can
+    # spend that long refusing the second run, and a finished run ends on the signals outside its step loop)
     args = e2e_overrides(tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo",
-                         "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=50", "reward.num_workers=2")
+                         "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=100000",
+                         "reward.num_workers=2")
     first = start_in_own_session("verlx.trainer.main_ppo", args, tmp_path)
     wait_for_lines(f"{tmp_path}/metrics.jsonl", 1, first)
 

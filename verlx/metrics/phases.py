@@ -15,8 +15,9 @@ reset when the phase starts), the max over ranks; absent on CPU.
 ranks; `perf/device_memory_imbalance/<phase>`: (max - min) / max over the ranks, the TP memory-imbalance check of
 veRL's SGLang guide (a rank holding much more than the others is the one that runs out first); absent on CPU.
 Where the spread comes from: `perf/device_memory_most_rank/<phase>` (the rank holding the most),
-`perf/device_memory_own_imbalance/<phase>` (the same spread of what the worker's own allocator reserves) and
-`perf/device_memory_others_imbalance/<phase>` (of the rest: the engine's processes, other contexts).
+`perf/device_memory_own_imbalance/<phase>` (the same spread of what the worker's torch allocator reserves) and
+`perf/device_memory_others_imbalance/<phase>` (of the rest: the engine's memory — its own processes, or its own
+allocator inside the worker — and the CUDA contexts).
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ def phase_metrics(phase: str, hf_config, seq_lens: list[int], timer, forward_onl
             out[OWN_IMBALANCE_PREFIX + phase] = _spread(own)
             out[OTHERS_IMBALANCE_PREFIX + phase] = _spread(used - own)
     return out
-
 
 
 def _reading(value: int | None) -> float:
