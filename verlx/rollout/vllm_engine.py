@@ -284,16 +284,16 @@ class VLLMStream(RequestStream):
 
         self.llm_engine, self.prefix, self.vision = llm_engine, prefix, vision
         self.output_kind = RequestOutputKind.DELTA if partial else RequestOutputKind.FINAL_ONLY
+        self.sampling_params_type = VLLMSamplingParams
         self.flat_logprobs = want_log_probs and takes_flat_logprobs(VLLMSamplingParams)
         self.delta = partial
         self._live: dict[str, tuple[list[int], list[float]]] = {}  # vLLM request id -> tokens, log-probs so far
 
     def _submit(self, key, prompt_ids, max_new_tokens, seed, follows) -> None:
-        from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         params = dataclasses.replace(self.params, n=1, max_new_tokens=max_new_tokens)
-        sampling = VLLMSamplingParams(**vllm_sampling_kwargs(params, self.want_log_probs, self.flat_logprobs))
+        sampling = self.sampling_params_type(**vllm_sampling_kwargs(params, self.want_log_probs, self.flat_logprobs))
         sampling.output_kind = self.output_kind
         request_id = self.prefix + key
         ids, images = image_prompt(prompt_ids, self.vision_inputs.get(key), self.images.get(key), self.vision)
