@@ -68,15 +68,13 @@ class Ignored:
 
 @dataclass(frozen=True)
 class Refused:
-    """An error naming the feature verlx lacks (`missing`); `pending` names the branch that builds it. A value in
-    `inert` asks for nothing and is accepted with a warning, and so is any value while the key `switch` (the
-    feature's on/off key, e.g. reward_model.enable) is off: veRL reads the key only when the feature is on. With
-    `asked_by`, only those values ask for the feature (a choice key of verlx's own, such as a role's strategy, whose
-    other values verlx's checks judge)."""
+    """An error naming the feature verlx lacks (`missing`). A value in `inert` asks for nothing and is accepted with
+    a warning, and so is any value while the key `switch` (the feature's on/off key, e.g. reward_model.enable) is
+    off: veRL reads the key only when the feature is on. With `asked_by`, only those values ask for the feature (a
+    choice key of verlx's own, such as a role's strategy, whose other values verlx's checks judge)."""
 
     key: str
     missing: str
-    pending: str | None = None
     inert: tuple = OFF_VALUES
     switch: str | None = None
     asked_by: tuple | None = None

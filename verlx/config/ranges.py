@@ -63,6 +63,8 @@ PPO_RANGES: dict[str, Range] = {
     "actor_rollout_ref.actor.logprob_chunk_size": at_least(1),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": at_least(1),
     "critic.cliprange_value": at_least(0),
+    "actor_rollout_ref.actor.loss_scale_factor": above(0, "the divisor of seq-mean-token-sum-norm"),
+    "critic.loss_scale_factor": above(0, "the divisor of seq-mean-token-sum-norm"),
     "critic.ulysses_sequence_parallel_size": at_least(1),
     "actor_rollout_ref.rollout.top_k": at_least(-1, "-1 = no top-k"),
     "actor_rollout_ref.rollout.max_num_seqs": at_least(1),

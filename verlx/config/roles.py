@@ -44,6 +44,7 @@ class ActorConfig:
     tau_neg: float = 1.05
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: int | None = None
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -228,6 +229,7 @@ class CriticConfig:
     data_loader_seed: int = 42
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: int | None = None
     grad_clip: float = 1.0
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = True

@@ -36,8 +36,9 @@ def old_log_prob_phase(config, actor_wg, batch: DataProto, input_keys, metrics: 
         inputs.meta_info["calculate_sum_pi_squared"] = needs_sum_pi_squared(config)
         old = actor_wg.compute_log_prob(inputs)
         metrics.update(old.meta_info.get("metrics", {}))
-        entropy = agg_loss(old.batch["entropys"], batch.batch["response_mask"],
-                           config.actor_rollout_ref.actor.loss_agg_mode)
+        actor = config.actor_rollout_ref.actor
+        entropy = agg_loss(old.batch["entropys"], batch.batch["response_mask"], actor.loss_agg_mode,
+                           norm_length=actor.loss_scale_factor)
         metrics["actor/entropy"] = float(entropy)
         batch.batch["old_log_probs"] = old.batch["old_log_probs"]
         if "sum_pi_squared" in old.batch:

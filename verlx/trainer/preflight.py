@@ -228,6 +228,23 @@ def check_algorithm(cfg: PPOConfig, f: Findings) -> None:
     f.require(r.val_kwargs.n >= 1, f"actor_rollout_ref.rollout.val_kwargs.n={r.val_kwargs.n} must be >= 1")
     f.require(0 < r.gpu_memory_utilization <= 1,
               f"actor_rollout_ref.rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
+    check_loss_scale_factor(cfg, f)
+
+
+def check_loss_scale_factor(cfg: PPOConfig, f: Findings) -> None:
+    """loss_scale_factor divides only seq-mean-token-sum-norm's losses (as in veRL, which ignores it otherwise):
+    set with another mode it changes nothing, which is said rather than passed over. The critic inherits the
+    actor's value, so it is named only where it was set on its own."""
+    actor, critic = cfg.actor_rollout_ref.actor, cfg.critic
+    roles = [("actor_rollout_ref.actor", actor)]
+    if uses_critic_if_known(cfg) and critic.loss_scale_factor != actor.loss_scale_factor:
+        roles.append(("critic", critic))
+    for key, role in roles:
+        if role.loss_scale_factor is not None and role.loss_agg_mode != "seq-mean-token-sum-norm":
+            f.warnings.append(
+                f"{key}.loss_scale_factor={role.loss_scale_factor} has no effect with {key}.loss_agg_mode="
+                f"{role.loss_agg_mode}: it divides seq-mean-token-sum-norm's sequence sums only; set loss_agg_mode="
+                "seq-mean-token-sum-norm or remove it")
 
 
 def check_unsupported(cfg: PPOConfig, f: Findings) -> None:

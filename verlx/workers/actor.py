@@ -167,7 +167,8 @@ def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, ent
     """
     device = log_prob.device
     mask = mb.batch["response_mask"].to(device)
-    agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"], dp_size=counts["dp_size"])
+    agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"], dp_size=counts["dp_size"],
+               norm_length=cfg.loss_scale_factor)
     old = mb.batch["old_log_probs"].to(device)
     adv = mb.batch["advantages"].to(device)
     weights = mb.batch.get("rollout_is_weights")

@@ -58,7 +58,7 @@ def compose_value_loss(cfg, mb: DataProto, vpreds: torch.Tensor, counts: dict, m
     vf_loss, clipfrac = compute_value_loss(
         vpreds, mb.batch["returns"].to(device), mb.batch["values"].to(device), mask,
         cfg.cliprange_value, cfg.loss_agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
-        dp_size=counts["dp_size"],
+        dp_size=counts["dp_size"], norm_length=cfg.loss_scale_factor,
     )
     share = mask.sum() / counts["rank_tokens"]
     metrics.add_sum("critic/vf_loss", vf_loss.detach())

@@ -56,7 +56,6 @@ other key of veRL's has one:
 
 A key in none of these is refused as unknown, with a did-you-mean, naming veRL {VERL_VERSION} as the release this
 table covers. A row's key may be a whole section; `*` stands for any one part of a key, `**` for one or more.
-Rows marked *in progress* are features being built.
 
 `tests/unit/test_launch_commands.py` runs launch command lines written in veRL users' style for the test suite
 (`tests/data/launch_commands.yaml`: each entry point, both layouts, a script's own YAML, and refused features):
@@ -199,7 +198,7 @@ def _status(row) -> tuple[str, str]:
     quiet = [repr(v) for v in row.inert if v not in (None, False, {}, [], "")]
     if quiet:
         notes.append(f"accepted: {', '.join(quiet)}")
-    return ("refused (in progress)" if row.pending else "refused"), "; ".join(notes)
+    return "refused", "; ".join(notes)
 
 
 def _table(table: KeyTable) -> list[str]:

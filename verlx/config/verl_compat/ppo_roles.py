@@ -174,7 +174,6 @@ ROWS = [
     Ignored(f"{ACTOR}.checkpoint.mbridge_config", "mbridge's save options (a distributed filesystem, memory use); "
             "verlx's megatron engine saves HF weights with its own converter"),
     Refused(f"{ACTOR}.checkpoint.strict", "non-strict checkpoint loading", inert=(None, True)),
-    Refused(f"{ACTOR}.loss_scale_factor", "a fixed loss scale factor", pending="algos"),
     Refused(f"{ACTOR}.use_prefix_grouper", "prefix grouping (one forward of a shared prompt)"),
     Moved(f"{ACTOR}.use_fused_kernels", f"{MODEL}.use_fused_kernels", "verlx reads it on the model",
           current=True),
@@ -188,7 +187,6 @@ ROWS = [
     Ignored(f"{REF}.entropy_from_logits_chunk_size", f"{NO_TRAINING} or compute an entropy"),
     # critic
     Ignored(f"{CRITIC}.nccl_timeout", "the critic shares actor_rollout_ref.nccl_timeout in verlx"),
-    Refused(f"{CRITIC}.loss_scale_factor", "a fixed loss scale factor", pending="algos"),
     Ignored(f"{CRITIC}.checkpoint.mbridge_config", "mbridge's save options (a distributed filesystem, memory use); "
             "verlx's megatron engine saves HF weights with its own converter"),
     Refused(f"{CRITIC}.checkpoint.strict", "non-strict checkpoint loading", inert=(None, True)),
