@@ -54,6 +54,7 @@ PPO_RANGES: dict[str, Range] = {
     "data.max_response_length": at_least(1, "tokens each response may have"),
     "data.filter_overlong_prompts_workers": at_least(1),
     "data.dataloader_num_workers": at_least(0),
+    "data.image_patch_size": at_least(1, "pixels"),
     **{f"actor_rollout_ref.actor.optim.{k}": r for k, r in _OPTIM.items()},
     **{f"critic.optim.{k}": r for k, r in _OPTIM.items()},
     **{f"actor_rollout_ref.actor.{k}": r for k, r in _UPDATE.items()},

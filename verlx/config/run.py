@@ -35,6 +35,7 @@ class DataConfig:
     prompt_key: str = "prompt"
     reward_fn_key: str = "data_source"
     image_key: str | None = "images"
+    image_patch_size: int | None = None
     max_prompt_length: int = 512
     max_response_length: int = 512
     train_batch_size: int = 1024

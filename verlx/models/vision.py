@@ -89,6 +89,14 @@ def checkpoint_model_type(path: str | None) -> str | None:
     return str(raw.get("model_type", "?")) if raw and raw.get("vision_config") else None
 
 
+def checkpoint_patch_size(path: str | None) -> int | None:
+    """The vision encoder's patch size of a vision-language checkpoint (config.json vision_config.patch_size), None
+    where the file or the field is missing. Reads the file only."""
+    vision = (read_checkpoint_config(path) or {}).get("vision_config") or {}
+    size = vision.get("patch_size")
+    return int(size) if isinstance(size, int) else None
+
+
 def prompt_image_mask(input_ids: torch.Tensor, response_length: int, spec: VisionLanguageModel) -> torch.Tensor:
     """[B, P + R] true at the prompt's image tokens. The response's are text: a policy may sample the image token
     (transformers' generate and the rollout engines embed it as text), and it has no image behind it."""

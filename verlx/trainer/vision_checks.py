@@ -5,7 +5,7 @@ yet: refused before Ray, each naming the feature and its key. The rollout engine
 from __future__ import annotations
 
 from verlx.algorithms.advantages import uses_critic
-from verlx.models.vision import SUPPORTED_MODEL_TYPES, checkpoint_model_type
+from verlx.models.vision import SUPPORTED_MODEL_TYPES, checkpoint_model_type, checkpoint_patch_size
 
 
 def _unsupported(cfg) -> list[tuple[str, str]]:
@@ -38,11 +38,24 @@ def _unsupported(cfg) -> list[tuple[str, str]]:
 def vision_problems(cfg) -> list[str]:
     """Problems of a run whose actor_rollout_ref.model.path is a vision-language checkpoint; none for a text
     model (or a path that does not exist: the path checks report it)."""
-    model_type = checkpoint_model_type(cfg.actor_rollout_ref.model.path)
+    path = cfg.actor_rollout_ref.model.path
+    model_type = checkpoint_model_type(path)
     if model_type is None:
         return []
     if model_type not in SUPPORTED_MODEL_TYPES:
         return [f"actor_rollout_ref.model.path: verlx does not support the vision-language architecture "
                 f"{model_type!r} yet; it trains {', '.join(SUPPORTED_MODEL_TYPES)}"]
-    return [f"actor_rollout_ref.model.path is a vision-language model ({model_type}): verlx does not support {what} "
-            f"with vision-language models yet ({key})" for what, key in _unsupported(cfg)]
+    problems = [f"actor_rollout_ref.model.path is a vision-language model ({model_type}): verlx does not support "
+                f"{what} with vision-language models yet ({key})" for what, key in _unsupported(cfg)]
+    return problems + _patch_size_problems(cfg.data.image_patch_size, path)
+
+
+def _patch_size_problems(asked: int | None, path: str) -> list[str]:
+    """veRL resizes images for data.image_patch_size; verlx's image processor resizes them for the model's own
+    patch size, so any other value would silently mean something else."""
+    own = checkpoint_patch_size(path)
+    if asked is None or own is None or asked == own:
+        return []
+    return [f"data.image_patch_size={asked}: the model's vision encoder uses {own}-pixel patches ({path}/config.json "
+            f"vision_config.patch_size) and verlx resizes images with its image processor for those; set "
+            f"data.image_patch_size={own} or remove it (resizing for another patch size is not supported)"]

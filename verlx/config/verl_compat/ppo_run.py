@@ -37,7 +37,6 @@ def profiler_rows(section: str) -> list:
 DATA = [
     Refused("data.video_key", "video inputs of vision-language models", inert=(None, "videos")),
     Refused("data.audio_key", "audio inputs of vision-language models", inert=(None, "audios")),
-    Refused("data.image_patch_size", "an image patch size other than the image processor's", inert=(None, 14)),
     Refused("data.mm_processor_kwargs", "options of the vision-language processor (data.mm_processor_kwargs)"),
     Refused("data.return_multi_modal_inputs", VLM, inert=(None, False, True)),
     Refused("data.datagen", "dynamic data generators (data.datagen)"),
