@@ -427,9 +427,10 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     check_unsupported(cfg, f)
     check_run_length(cfg, f)
     if not f.problems:
-        from verlx.trainer.vision_checks import vision_problems
+        from verlx.trainer.vision_checks import vision_problems, vision_warnings
 
         f.problems += vision_problems(cfg)  # before the engines' checks, which do not know vision-language models
+        f.warnings += vision_warnings(cfg)
     if not f.problems:
         from verlx.workers.megatron.config_checks import megatron_findings
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 from verlx.algorithms.advantages import uses_critic
 from verlx.models.vision import SUPPORTED_MODEL_TYPES, checkpoint_model_type, checkpoint_patch_size
 
+#: the data.image_patch_size veRL's configs carry whatever the model (Qwen2-VL's patch size)
+VERL_DEFAULT_PATCH_SIZE = 14
+
 
 def _unsupported(cfg) -> list[tuple[str, str]]:
     """The features the config turns on that the vision-language path lacks, each with its key."""
@@ -47,15 +50,22 @@ def vision_problems(cfg) -> list[str]:
                 f"{model_type!r} yet; it trains {', '.join(SUPPORTED_MODEL_TYPES)}"]
     problems = [f"actor_rollout_ref.model.path is a vision-language model ({model_type}): verlx does not support "
                 f"{what} with vision-language models yet ({key})" for what, key in _unsupported(cfg)]
-    return problems + _patch_size_problems(cfg.data.image_patch_size, path)
+    asked, own = cfg.data.image_patch_size, checkpoint_patch_size(path)
+    if asked in (None, own, VERL_DEFAULT_PATCH_SIZE) or own is None:
+        return problems
+    return problems + [f"data.image_patch_size={asked}: the model's vision encoder uses {own}-pixel patches "
+                       f"({path}/config.json vision_config.patch_size) and verlx resizes images with its image "
+                       f"processor for those; set data.image_patch_size={own} or remove it (resizing for another "
+                       "patch size is not supported)"]
 
 
-def _patch_size_problems(asked: int | None, path: str) -> list[str]:
-    """veRL resizes images for data.image_patch_size; verlx's image processor resizes them for the model's own
-    patch size, so any other value would silently mean something else."""
-    own = checkpoint_patch_size(path)
-    if asked is None or own is None or asked == own:
+def vision_warnings(cfg) -> list[str]:
+    """veRL's configs carry data.image_patch_size=14 for every model, Qwen3-VL's 16-pixel patches too: accepted,
+    saying that verlx resizes for the model's own size, as its image processor does."""
+    path = cfg.actor_rollout_ref.model.path
+    asked, own = cfg.data.image_patch_size, checkpoint_patch_size(path)
+    if asked != VERL_DEFAULT_PATCH_SIZE or own in (None, asked):  # own is None for a text model
         return []
-    return [f"data.image_patch_size={asked}: the model's vision encoder uses {own}-pixel patches ({path}/config.json "
-            f"vision_config.patch_size) and verlx resizes images with its image processor for those; set "
-            f"data.image_patch_size={own} or remove it (resizing for another patch size is not supported)"]
+    return [f"data.image_patch_size={asked} (veRL's default) is not the model's patch size: verlx resizes images for "
+            f"its vision encoder's {own}-pixel patches ({path}/config.json vision_config.patch_size), as its image "
+            f"processor does; set data.image_patch_size={own} or remove it to silence this"]
