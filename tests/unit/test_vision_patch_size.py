@@ -12,7 +12,7 @@ from verlx.config.loader import ConfigError, build, load_yaml, to_container
 from verlx.config.ranges import PPO_RANGES, range_problems
 from verlx.config.schema import PPOConfig
 from verlx.trainer.preflight import validate
-from verlx.trainer.vision_checks import vision_problems, vision_warnings
+from verlx.trainer.vision_checks import patch_size_findings
 
 
 def _config(model: str, *overrides: str) -> PPOConfig:
@@ -25,31 +25,35 @@ def _config(model: str, *overrides: str) -> PPOConfig:
 def test_the_models_own_patch_size_passes_and_another_is_refused_naming_both(tmp_path, model_type, own, other):
     model = save_tiny_vlm(tmp_path / "model", model_type)
     for accepted in (f"data.image_patch_size={own}", "data.image_patch_size=null"):  # null: the processor's own
-        assert vision_problems(_config(model, accepted)) == [] and vision_warnings(_config(model, accepted)) == []
-    assert vision_problems(_config(model, f"data.image_patch_size={other}")) == [
+        assert patch_size_findings(_config(model, accepted)) == ([], [])
+    assert patch_size_findings(_config(model, f"data.image_patch_size={other}")) == ([
         f"data.image_patch_size={other}: the model's vision encoder uses {own}-pixel patches ({model}/config.json "
         f"vision_config.patch_size) and verlx resizes images with its image processor for those; set "
-        f"data.image_patch_size={own} or remove it (resizing for another patch size is not supported)"]
+        f"data.image_patch_size={own} or remove it (resizing for another patch size is not supported)"], [])
+    with pytest.raises(ConfigError, match=f"data.image_patch_size={other}: the model's vision encoder"):
+        validate(_config(model, f"data.image_patch_size={other}", "actor_rollout_ref.rollout.name=hf"),
+                 check_files=False)  # refused by the pre-flight check
 
 
 def test_verls_default_of_14_on_a_qwen3_vl_model_is_accepted_with_a_warning(tmp_path):
     """veRL's generated configs carry 14 for every model: a YAML of the user's built from one keeps running."""
     model = save_tiny_vlm(tmp_path / "model", "qwen3_vl")
     cfg = _config(model, "data.image_patch_size=14")
-    assert vision_problems(cfg) == []
-    assert vision_warnings(cfg) == [
+    problems, warnings = patch_size_findings(cfg)
+    assert problems == []
+    assert warnings == [
         f"data.image_patch_size=14 (veRL's default) is not the model's patch size: verlx resizes images for its "
         f"vision encoder's 16-pixel patches ({model}/config.json vision_config.patch_size), as its image processor "
         "does; set data.image_patch_size=16 or remove it to silence this"]
-    warnings = validate(_config(model, "data.image_patch_size=14", "actor_rollout_ref.rollout.name=hf"),
-                        check_files=False)
-    assert vision_warnings(cfg)[0] in warnings  # the pre-flight check logs it
+    logged = validate(_config(model, "data.image_patch_size=14", "actor_rollout_ref.rollout.name=hf"),
+                      check_files=False)
+    assert warnings[0] in logged  # the pre-flight check logs it
 
 
 def test_a_text_model_ignores_it_and_a_size_below_one_is_refused(tmp_path):
     text = save_tiny_qwen2(tmp_path / "text")
-    assert vision_problems(_config(text, "data.image_patch_size=16")) == []
-    assert vision_warnings(_config(text, "data.image_patch_size=14")) == []
+    assert patch_size_findings(_config(text, "data.image_patch_size=16")) == ([], [])
+    assert patch_size_findings(_config(text, "data.image_patch_size=14")) == ([], [])
     assert range_problems(_config(text, "data.image_patch_size=0"), PPO_RANGES) == [
         "data.image_patch_size=0 is out of range: it must be >= 1 (pixels)"]
     with pytest.raises(ConfigError, match="data.image_patch_size"):

@@ -427,10 +427,12 @@ def validate(cfg: PPOConfig, world_size: int | None = None, check_files: bool = 
     check_unsupported(cfg, f)
     check_run_length(cfg, f)
     if not f.problems:
-        from verlx.trainer.vision_checks import vision_problems, vision_warnings
+        from verlx.trainer.vision_checks import patch_size_findings, vision_problems
 
         f.problems += vision_problems(cfg)  # before the engines' checks, which do not know vision-language models
-        f.warnings += vision_warnings(cfg)
+        problems, warnings = patch_size_findings(cfg)
+        f.problems += problems
+        f.warnings += warnings
     if not f.problems:
         from verlx.workers.megatron.config_checks import megatron_findings
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from verlx.algorithms.advantages import uses_critic
 from verlx.models.vision import SUPPORTED_MODEL_TYPES, checkpoint_model_type, checkpoint_patch_size
 
-#: the data.image_patch_size veRL's configs carry whatever the model (Qwen2-VL's patch size)
+#: the data.image_patch_size veRL's configs carry for every model (Qwen2-VL's patch size)
 VERL_DEFAULT_PATCH_SIZE = 14
 
 
@@ -41,31 +41,30 @@ def _unsupported(cfg) -> list[tuple[str, str]]:
 def vision_problems(cfg) -> list[str]:
     """Problems of a run whose actor_rollout_ref.model.path is a vision-language checkpoint; none for a text
     model (or a path that does not exist: the path checks report it)."""
-    path = cfg.actor_rollout_ref.model.path
-    model_type = checkpoint_model_type(path)
+    model_type = checkpoint_model_type(cfg.actor_rollout_ref.model.path)
     if model_type is None:
         return []
     if model_type not in SUPPORTED_MODEL_TYPES:
         return [f"actor_rollout_ref.model.path: verlx does not support the vision-language architecture "
                 f"{model_type!r} yet; it trains {', '.join(SUPPORTED_MODEL_TYPES)}"]
-    problems = [f"actor_rollout_ref.model.path is a vision-language model ({model_type}): verlx does not support "
-                f"{what} with vision-language models yet ({key})" for what, key in _unsupported(cfg)]
-    asked, own = cfg.data.image_patch_size, checkpoint_patch_size(path)
-    if asked in (None, own, VERL_DEFAULT_PATCH_SIZE) or own is None:
-        return problems
-    return problems + [f"data.image_patch_size={asked}: the model's vision encoder uses {own}-pixel patches "
-                       f"({path}/config.json vision_config.patch_size) and verlx resizes images with its image "
-                       f"processor for those; set data.image_patch_size={own} or remove it (resizing for another "
-                       "patch size is not supported)"]
+    return [f"actor_rollout_ref.model.path is a vision-language model ({model_type}): verlx does not support {what} "
+            f"with vision-language models yet ({key})" for what, key in _unsupported(cfg)]
 
 
-def vision_warnings(cfg) -> list[str]:
-    """veRL's configs carry data.image_patch_size=14 for every model, Qwen3-VL's 16-pixel patches too: accepted,
-    saying that verlx resizes for the model's own size, as its image processor does."""
+def patch_size_findings(cfg) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of data.image_patch_size: veRL resizes images for it, verlx's image processor for the
+    model's own patch size (config.json vision_config.patch_size; none for a text model, which has no images). That
+    size or null passes; veRL's default 14, which its configs carry for every model (Qwen3-VL's 16-pixel patches
+    too), is accepted with a warning; any other size is refused."""
     path = cfg.actor_rollout_ref.model.path
     asked, own = cfg.data.image_patch_size, checkpoint_patch_size(path)
-    if asked != VERL_DEFAULT_PATCH_SIZE or own in (None, asked):  # own is None for a text model
-        return []
-    return [f"data.image_patch_size={asked} (veRL's default) is not the model's patch size: verlx resizes images for "
-            f"its vision encoder's {own}-pixel patches ({path}/config.json vision_config.patch_size), as its image "
-            f"processor does; set data.image_patch_size={own} or remove it to silence this"]
+    if own is None or asked in (None, own):
+        return [], []
+    if asked == VERL_DEFAULT_PATCH_SIZE:
+        return [], [f"data.image_patch_size={asked} (veRL's default) is not the model's patch size: verlx resizes "
+                    f"images for its vision encoder's {own}-pixel patches ({path}/config.json "
+                    f"vision_config.patch_size), as its image processor does; set data.image_patch_size={own} or "
+                    "remove it to silence this"]
+    return [f"data.image_patch_size={asked}: the model's vision encoder uses {own}-pixel patches ({path}/config.json "
+            f"vision_config.patch_size) and verlx resizes images with its image processor for those; set "
+            f"data.image_patch_size={own} or remove it (resizing for another patch size is not supported)"], []
