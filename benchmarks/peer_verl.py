@@ -13,7 +13,10 @@ veRL's defaults it has to leave: rollout.tensor_model_parallel_size 2 → 1 (one
 (flash-attn is not installed on the machine and cannot be built there; veRL's remove-padding then relies on
 transformers' packed-sequence masks); data_source "arithmetic" is unknown to veRL's built-in scores (the shared
 reward file). If an attempt fails, the next --verl-attempts entry is tried (the V0 trainer, which does not need
-TransferQueue; padded batches); every attempt's command, exit status and last error lines are printed and saved.
+TransferQueue; padded batches with verlx's token budgets; padded fixed micro-batches of the most rows whose padded
+tokens fit 16,384 — with sdpa, veRL's remove-padding path runs at a few % MFU (2026-11-26), so padded rows of forced
+full-length responses may well be its fastest here); every attempt's command, exit status and last error lines are
+printed and saved. --all-attempts runs every attempt and takes the fastest steady step as veRL's.
 
 On the GPU machine (no network there), from this checkout:
   here:   bash benchmarks/peer_verl_wheels.sh            # .whl/peer_verl: veRL and its missing pure-Python deps
@@ -62,18 +65,42 @@ REWARD_FILE = os.path.join(ROOT, "benchmarks", "peer_reward.py")
 WHEEL_TARGET = "/tmp/peer-verl"
 # veRL's phases in its metrics (trainer/ppo/v1/trainer_base.py and trainer_sync.py of 0.9.1), as verlx names them
 PHASES = ("gen", "update_weights", "reward", "old_log_prob", "ref", "adv", "update_actor")
-ATTEMPTS = {  # name: (trainer.use_v1, actor_rollout_ref.model.use_remove_padding)
-    "v1-rmpad": (True, True),
-    "v0-rmpad": (False, True),
-    "v1-padded": (True, False),
+ATTEMPTS = {  # name: (trainer.use_v1, actor_rollout_ref.model.use_remove_padding, token-budget micro-batches)
+    "v1-rmpad": (True, True, True),
+    "v0-rmpad": (False, True, True),
+    "v1-padded": (True, False, True),
+    "v1-padded-fixed": (True, False, False),
 }
+PROMPT_TOKENS = 64  # data.max_prompt_length of the throughput runs (and of peer_trl.py's)
+FIXED_MICRO_BATCH_TOKENS = 16384  # the padded fixed micro-batches' tokens (prompt + response, every row padded)
 CONSOLE_LINE = re.compile(r"(?:^|\) )step:(\d+) - (.*)$")
 NUMBER = re.compile(r"^(?:np\.\w+\()?(-?(?:[\d.]+(?:e[-+]?\d+)?|nan|inf))\)?$")
 
 
+def micro_batch(mini_batch_samples: int, sequence_tokens: int, tokens: int) -> int:
+    """The most samples of `sequence_tokens` each within `tokens`: a power of two dividing the mini-batch."""
+    size = 1
+    while mini_batch_samples % (size * 2) == 0 and size * 2 * sequence_tokens <= tokens:
+        size *= 2
+    return size
+
+
+def batching_overrides(attempt: str, budgets: dict, mini_batch_samples: int, sequence_tokens: int) -> list[str]:
+    """veRL's micro-batching keys for an attempt: verlx's token budgets, or fixed micro-batches of padded rows
+    (veRL's padded path keeps every row at prompt + response length, so a token budget would not bound it)."""
+    if ATTEMPTS[attempt][2]:
+        return ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budgets['actor_budget']}",
+                f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={budgets['log_prob_budget']}"]
+    micro = micro_batch(mini_batch_samples, sequence_tokens, FIXED_MICRO_BATCH_TOKENS)
+    return ["actor_rollout_ref.actor.use_dynamic_bsz=False",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}"]
+
+
 def verl_command(model_dir: str, data_dir: str, out_dir: str, args, budgets: dict, attempt: str) -> list[str]:
     """veRL's main_ppo command line for the run (see the module docstring for every choice)."""
-    use_v1, remove_padding = ATTEMPTS[attempt]
+    use_v1, remove_padding, _ = ATTEMPTS[attempt]
     prompts, n = args.prompts, args.n
     return [
         sys.executable, "-m", "verl.trainer.main_ppo",
@@ -87,9 +114,7 @@ def verl_command(model_dir: str, data_dir: str, out_dir: str, args, budgets: dic
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.actor.optim.lr=1e-6", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts // 2}",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True",
-        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budgets['actor_budget']}",
-        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={budgets['log_prob_budget']}",
+        *batching_overrides(attempt, budgets, prompts // 2 * n, PROMPT_TOKENS + args.response_length),
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.fsdp_config.param_offload=False",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
@@ -182,11 +207,12 @@ def install_wheels(wheel_dir: str, target: str = WHEEL_TARGET) -> str:
 
 
 def run_verl(args, model_dir: str, data_dir: str, work: str, budgets: dict) -> dict:
-    """Each attempt in turn until one logs every step; what each did is kept."""
+    """Each attempt in turn until one logs every step (with --all-attempts every attempt, the fastest steady step
+    counting); what each did is kept."""
     env = {**os.environ, "VERL_LOGGING_LEVEL": "INFO"}
     if args.wheels:
         env["PYTHONPATH"] = os.pathsep.join([install_wheels(args.wheels), env.get("PYTHONPATH", "")])
-    tried = []
+    tried, best = [], None
     for attempt in args.verl_attempts.split(","):
         out_dir = os.path.join(work, f"verl-{attempt}")
         os.makedirs(out_dir, exist_ok=True)
@@ -209,10 +235,15 @@ def run_verl(args, model_dir: str, data_dir: str, work: str, budgets: dict) -> d
             text = f.read()
         rows = read_verl_jsonl(jsonl) or parse_verl_console(text)
         record.update(rc=rc, steps=len(rows), log_tail=text.splitlines()[-25:])
-        if len(rows) >= args.steps:
-            record["rows"] = rows
-            return {"tried": tried, "rows": rows, "attempt": attempt}
-    return {"tried": tried, "rows": [], "attempt": None}
+        print(f"veRL attempt {attempt}: rc {rc}, {len(rows)} steps", flush=True)
+        if len(rows) < args.steps:
+            continue
+        record["rows"] = rows
+        if best is None or steady(rows, "timing_s/step") < steady(best["rows"], "timing_s/step"):
+            best = record
+        if not args.all_attempts:
+            break
+    return {"tried": tried, "rows": best["rows"] if best else [], "attempt": best["attempt"] if best else None}
 
 
 # ------------------------------------------------------------------------------------- --learning: accuracy curves
@@ -225,7 +256,8 @@ def learning_args(args):
 def learning_command(largs, p: dict, info: dict, out_dir: str, budgets: dict, attempt: str) -> list[str]:
     """veRL's main_ppo for learning_gpu's GRPO run: each of its hyperparameters under veRL's key (the module
     docstring says which veRL defaults it has to leave)."""
-    use_v1, remove_padding = ATTEMPTS[attempt]
+    use_v1, remove_padding, _ = ATTEMPTS[attempt]
+    mini_batch_samples = largs.prompts // largs.updates_per_step * largs.n
     return [
         sys.executable, "-m", "verl.trainer.main_ppo",
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False", "algorithm.norm_adv_by_std_in_grpo=True",
@@ -242,9 +274,7 @@ def learning_command(largs, p: dict, info: dict, out_dir: str, budgets: dict, at
         "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.clip_ratio=0.2",
         "actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True",
-        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budgets['actor_budget']}",
-        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={budgets['log_prob_budget']}",
+        *batching_overrides(attempt, budgets, mini_batch_samples, info["max_prompt_tokens"] + largs.response_length),
         "actor_rollout_ref.actor.fsdp_config.param_offload=False",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -362,6 +392,7 @@ def parse_args(argv=None):
     p.add_argument("--response-length", type=int, default=256)
     p.add_argument("--wheels", help="directory of the wheels benchmarks/peer_verl_wheels.sh downloaded")
     p.add_argument("--verl-attempts", default=",".join(ATTEMPTS), help=f"tried in order: {', '.join(ATTEMPTS)}")
+    p.add_argument("--all-attempts", action="store_true", help="run every attempt; the fastest steady step counts")
     p.add_argument("--timeout-s", type=int, default=1500, help="per veRL attempt")
     p.add_argument("--smoke", action="store_true", help="CPU: verlx's side on the tiny shape; veRL's command printed")
     p.add_argument("--learning", action="store_true", help="veRL on benchmarks/learning_gpu.py's run: accuracy "

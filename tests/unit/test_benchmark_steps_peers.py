@@ -118,11 +118,76 @@ def test_peer_verl_smoke_runs_the_verlx_side_and_lists_the_verl_attempts(tmp_pat
     result = json.loads((tmp_path / "peer_verl.json").read_text())
     assert [r["step"] for r in result["verlx"]] == [1, 2]
     assert result["budgets"] == {"actor_budget": 16384, "log_prob_budget": 16384}  # what verlx's workers chose
-    assert [t["attempt"] for t in result["verl"]["tried"]] == ["v1-rmpad", "v0-rmpad", "v1-padded"]
-    assert all("ppo_max_token_len_per_gpu=16384" in t["command"] for t in result["verl"]["tried"])
+    assert [t["attempt"] for t in result["verl"]["tried"]] == ["v1-rmpad", "v0-rmpad", "v1-padded",
+                                                               "v1-padded-fixed"]
+    assert all("ppo_max_token_len_per_gpu=16384" in t["command"] for t in result["verl"]["tried"][:3])
     step = {row["metric"]: row for row in result["side_by_side"]}["timing_s/step"]
     assert step["verlx"] > 0 and step["verl"] is None
     assert "| generated tok/s |" in proc.stdout
+
+
+def test_peer_verl_fixed_attempt_sizes_padded_micro_batches_by_tokens():
+    """Padded rows of 64 + 1,024 tokens: 16,384 // 1,088 = 15 rows fit, so 8 (a power of two dividing the
+    per-GPU mini-batch of 32 prompts × 4 = 128 samples); at 256 response tokens 16,384 // 320 = 51 → 32."""
+    script = load_script("peer_verl")
+    args = script.parse_args(["--prompts", "64", "--n", "4", "--response-length", "1024"])
+    cmd = script.verl_command("/m", "/d", "/o", args, {"actor_budget": 24576, "log_prob_budget": 65536},
+                              "v1-padded-fixed")
+    overrides = dict(item.split("=", 1) for item in cmd[3:])
+    assert overrides["actor_rollout_ref.actor.use_dynamic_bsz"] == "False"
+    assert overrides["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "8"
+    assert overrides["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] == "8"
+    assert overrides["actor_rollout_ref.model.use_remove_padding"] == "False"
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in overrides
+    assert script.micro_batch(128, 320, 16384) == 32
+    assert script.micro_batch(24, 320, 16384) == 8  # 16 does not divide 24
+    assert script.micro_batch(128, 20000, 16384) == 1  # one row even where it exceeds the tokens
+
+
+def test_peer_verl_all_attempts_keeps_the_fastest(tmp_path, monkeypatch):
+    """--all-attempts runs every attempt and takes the one with the fewest steady seconds per step; without it
+    the first to finish is taken."""
+    script = load_script("peer_verl")
+    seconds = {"v1-rmpad": 9.0, "v0-rmpad": None, "v1-padded": 4.0, "v1-padded-fixed": 6.0}
+
+    def fake_run(cmd, cwd, env, timeout, stdout, stderr):
+        attempt = os.path.basename(cwd)[len("verl-"):]
+        if seconds[attempt] is not None:
+            with open(env["VERL_FILE_LOGGER_PATH"], "w") as f:
+                for step in (1, 2, 3):
+                    f.write(json.dumps({"step": step, "data": {"timing_s/step": seconds[attempt] + step}}) + "\n")
+        return argparse.Namespace(returncode=0 if seconds[attempt] else 1)
+
+    monkeypatch.setattr(script.subprocess, "run", fake_run)
+    budgets = {"actor_budget": 16384, "log_prob_budget": 16384}
+    result = script.run_verl(script.parse_args(["--all-attempts"]), "/m", "/d", str(tmp_path), budgets)
+    assert result["attempt"] == "v1-padded" and [r["timing_s/step"] for r in result["rows"]] == [5.0, 6.0, 7.0]
+    assert [t.get("steps") for t in result["tried"]] == [3, 0, 3, 3]
+    first = script.run_verl(script.parse_args([]), "/m", "/d", str(tmp_path / "first"), budgets)
+    assert first["attempt"] == "v1-rmpad" and len(first["tried"]) == 1
+
+
+def test_peer_trl_config_and_step_rows():
+    """TRL's config mirrors the run (256 samples, two optimizer steps a step of 128, micro-batches of 8 rows of
+    64 + 1,024 tokens: 16 accumulation steps) and a step spans two optimizer steps, its generation the generate
+    calls that ended inside it."""
+    script = load_script("peer_trl")
+    args = script.parse_args(["--prompts", "64", "--n", "4", "--response-length", "1024", "--steps", "3"])
+    config = script.trl_config(args, "vllm-colocate", "/o")
+    assert config["generation_batch_size"] == 256 and config["num_generations"] == 4
+    assert config["per_device_train_batch_size"] == 8 and config["gradient_accumulation_steps"] == 16
+    assert config["max_steps"] == 6 and config["max_completion_length"] == 1024 and config["beta"] == 0.0
+    assert config["use_vllm"] and config["vllm_gpu_memory_utilization"] == 0.4
+    assert config["generation_kwargs"] == {"ignore_eos": True}
+    assert script.trl_config(args, "hf-generate", "/o")["generation_kwargs"] == {"min_new_tokens": 1024}
+    # optimizer steps end at 3, 4 | 9, 10 | 15, 16.5; generations end at 2.5 (1.5 s) and 8 (2 s) and 14 (2.5 s)
+    rows = script.step_rows(1.0, [3.0, 4.0, 9.0, 10.0, 15.0, 16.5, 20.0], [(2.5, 1.5), (8.0, 2.0), (14.0, 2.5)],
+                            [(2.6, 1024.0), (8.1, 1000.0)])
+    assert rows == [{"step": 1, "timing_s/step": 3.0, "timing_s/gen": 1.5, "response_length/mean": 1024.0},
+                    {"step": 2, "timing_s/step": 6.0, "timing_s/gen": 2.0, "response_length/mean": 1000.0},
+                    {"step": 3, "timing_s/step": 6.5, "timing_s/gen": 2.5}]
+    messages = [[{"role": "assistant", "content": "so #### 15"}], [{"role": "assistant", "content": "#### 14"}]]
+    assert script.arithmetic_reward(messages, ["15", "15"]) == [1.0, 0.0]
 
 
 def test_peer_reward_scores_the_answer_after_the_last_marker():

@@ -396,7 +396,8 @@ def test_smoke_runs_data_sft_and_grpo_then_verl_reuses_the_sft_model(tmp_path):
     peer = _run([sys.executable, "benchmarks/peer_verl.py", "--learning", "--smoke", "--out", str(work)], out)
     assert "data: cached" in peer.stdout and "sft: cached" in peer.stdout
     tried = json.loads((out / "learning" / "verl-tried-s0.json").read_text())
-    assert [t["attempt"] for t in tried["tried"]] == ["v1-rmpad", "v0-rmpad", "v1-padded"]
+    assert [t["attempt"] for t in tried["tried"]] == ["v1-rmpad", "v0-rmpad", "v1-padded", "v1-padded-fixed"]
     assert tried["budgets"]["from"].endswith("verlx-native-1gpu-sync-s0/run.log")  # the CPU run's 16384
-    assert all("ppo_max_token_len_per_gpu=16384" in t["command"] for t in tried["tried"])
+    assert all("ppo_max_token_len_per_gpu=16384" in t["command"] for t in tried["tried"][:3])
+    assert "actor_rollout_ref.actor.use_dynamic_bsz=False" in tried["tried"][3]["command"]
     assert all(f"actor_rollout_ref.model.path={work}/sft_model" in t["command"] for t in tried["tried"])
