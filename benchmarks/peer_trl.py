@@ -7,9 +7,11 @@ lr 1e-6, both scoring with benchmarks/peer_reward.py. verlx runs first with its 
 process of its own per attempt, in its strongest configuration the machine allows, tried in order until one
 finishes every step (--all-attempts runs each; the fastest counts):
 
-  vllm-colocate        vLLM in TRL's process (TRL 1.16 supports vLLM 0.22–0.31; the carried 0.26 qualifies),
-                       gpu_memory_utilization as verlx's 0.4, no sleep (nothing has to move between phases)
-  vllm-colocate-sleep  the same with vLLM's sleep mode (if the first runs out of memory)
+  vllm-colocate-sleep  vLLM in TRL's process (TRL 1.16 supports vLLM 0.22–0.31; the carried 0.26 qualifies),
+                       gpu_memory_utilization as verlx's 0.4, asleep while TRL trains
+  vllm-colocate        the same without sleep mode: vLLM's 0.4 of the card stays held during the update (at 1.5B
+                       × 1,024 tokens it ran out of memory with 16,384-token micro-batches and was 5% slower than
+                       the first with 8,192: docs/benchmarks.md, 2026-11-28)
   hf-continuous        transformers' continuous-batching generate
   hf-generate          transformers' generate
 
@@ -50,8 +52,8 @@ import peer_verl  # noqa: E402
 
 WHEEL_TARGET = "/tmp/peer-trl"
 ATTEMPTS = {
-    "vllm-colocate": {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False},
     "vllm-colocate-sleep": {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": True},
+    "vllm-colocate": {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False},
     "hf-continuous": {"use_transformers_continuous_batching": True},
     "hf-generate": {},
 }
@@ -115,11 +117,18 @@ def run_child(spec_path: str) -> int:
     table = pq.read_table(spec["train_file"]).to_pylist()
     dataset = Dataset.from_list([{"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]}
                                  for row in table])
-    step_ends, gen_seconds, lengths = [], [], []
+    step_ends, gen_seconds, lengths, start = [], [], [], []
 
     class Timing(TrainerCallback):
+        """Rows written at every optimizer step's end, so that a run cut short keeps its finished steps."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            start.append(time.perf_counter())
+
         def on_step_end(self, args, state, control, **kwargs):
             step_ends.append(time.perf_counter())
+            with open(spec["rows_file"], "w") as f:
+                json.dump(step_rows(start[0], step_ends, gen_seconds, lengths), f)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "completions/mean_length" in logs:
@@ -138,11 +147,7 @@ def run_child(spec_path: str) -> int:
 
     trainer = TimedGRPOTrainer(model=spec["model_dir"], reward_funcs=arithmetic_reward,
                                args=GRPOConfig(**spec["config"]), train_dataset=dataset, callbacks=[Timing()])
-    train_start = time.perf_counter()
     trainer.train()
-    rows = step_rows(train_start, step_ends, gen_seconds, lengths)
-    with open(spec["rows_file"], "w") as f:
-        json.dump(rows, f)
     return 0
 
 
@@ -164,13 +169,14 @@ def run_trl(args, model_dir: str, data_dir: str, work: str) -> dict:
         out_dir = os.path.join(work, f"trl-{attempt}")
         os.makedirs(out_dir, exist_ok=True)
         spec = {"model_dir": model_dir, "train_file": os.path.join(data_dir, "train.parquet"),
-                "rows_file": os.path.join(out_dir, "rows.json"), "config": trl_config(args, attempt, out_dir)}
+                "rows_file": os.path.join(os.environ.get("OUT") or out_dir, f"trl-{attempt}-rows.json"),
+                "config": trl_config(args, attempt, out_dir)}
         spec_path = os.path.join(out_dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f, indent=1)
         record = {"attempt": attempt, "config": spec["config"]}
         tried.append(record)
-        log_path = os.path.join(work, f"trl-{attempt}.log")
+        log_path = os.path.join(os.environ.get("OUT") or work, f"trl-{attempt}.log")  # kept if the job is cut
         begin = time.perf_counter()
         with open(log_path, "w") as log:
             try:

@@ -224,7 +224,7 @@ def run_verl(args, model_dir: str, data_dir: str, work: str, budgets: dict) -> d
             print("veRL command: " + record["command"])
             continue
         jsonl = os.path.join(out_dir, "metrics.jsonl")
-        log_path = os.path.join(work, f"verl-{attempt}.log")
+        log_path = os.path.join(os.environ.get("OUT") or work, f"verl-{attempt}.log")  # kept if the job is cut
         with open(log_path, "w") as log:
             try:
                 rc = subprocess.run(cmd, cwd=out_dir, env={**env, "VERL_FILE_LOGGER_PATH": jsonl},
@@ -393,6 +393,8 @@ def parse_args(argv=None):
     p.add_argument("--wheels", help="directory of the wheels benchmarks/peer_verl_wheels.sh downloaded")
     p.add_argument("--verl-attempts", default=",".join(ATTEMPTS), help=f"tried in order: {', '.join(ATTEMPTS)}")
     p.add_argument("--all-attempts", action="store_true", help="run every attempt; the fastest steady step counts")
+    p.add_argument("--skip-verlx", action="store_true", help="veRL only (verlx measured beside it elsewhere; the "
+                   "token-budget attempts then get 16384)")
     p.add_argument("--timeout-s", type=int, default=1500, help="per veRL attempt")
     p.add_argument("--smoke", action="store_true", help="CPU: verlx's side on the tiny shape; veRL's command printed")
     p.add_argument("--learning", action="store_true", help="veRL on benchmarks/learning_gpu.py's run: accuracy "
@@ -419,7 +421,9 @@ def main(argv=None) -> int:
         "--shape", args.shape, "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n),
         "--response-length", str(args.response_length), "--ignore-eos", *(["--smoke"] if args.smoke else []),
         "--extra", "actor_rollout_ref.actor.use_kl_loss=false", f"custom_reward_function.path={REWARD_FILE}"])
-    verlx = grpo_step_gpu.run_once(verlx_args, model_dir, data_dir, work, "verlx", dict(os.environ))
+    verlx = {"rows": [], "rc": 0, "decisions": {}}
+    if not args.skip_verlx:
+        verlx = grpo_step_gpu.run_once(verlx_args, model_dir, data_dir, work, "verlx", dict(os.environ))
     decisions = verlx["decisions"]
     budgets = {k: decisions.get(k) or 16384 for k in ("actor_budget", "log_prob_budget")}
     if not decisions.get("actor_budget"):

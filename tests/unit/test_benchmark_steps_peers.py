@@ -4,6 +4,7 @@ GRPO and async steps, veRL side by side, the reward model, scaling."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -188,6 +189,22 @@ def test_peer_trl_config_and_step_rows():
                     {"step": 3, "timing_s/step": 6.5, "timing_s/gen": 2.5}]
     messages = [[{"role": "assistant", "content": "so #### 15"}], [{"role": "assistant", "content": "#### 14"}]]
     assert script.arithmetic_reward(messages, ["15", "15"]) == [1.0, 0.0]
+
+
+def test_peer_trl_smoke_fails_loudly_without_trl_and_runs_with_it(tmp_path):
+    """TRL is not a dependency of the suite: where it is missing the attempt's import error is kept and the
+    script exits 1 (no table of nothing with exit 0); where it is installed its two steps are measured."""
+    has_trl = importlib.util.find_spec("trl") is not None
+    proc = run_script([sys.executable, "benchmarks/peer_trl.py", "--smoke", "--skip-verlx"], tmp_path,
+                      returncode=0 if has_trl else 1)
+    tried = json.loads((tmp_path / "peer_trl.json").read_text())["trl"]["tried"]
+    assert [t["attempt"] for t in tried] == ["hf-generate"]
+    if has_trl:
+        assert [r["step"] for r in tried[0]["rows"]] == [1, 2] and tried[0]["rows"][1]["timing_s/step"] > 0
+    else:
+        assert tried[0]["rc"] == 1 and tried[0]["rows"] == []
+        assert any("No module named" in line for line in tried[0]["log_tail"]), tried[0]["log_tail"]
+        assert "TRL attempt hf-generate: rc 1, 0 steps" in proc.stdout
 
 
 def test_peer_reward_scores_the_answer_after_the_last_marker():
