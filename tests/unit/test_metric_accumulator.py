@@ -37,3 +37,13 @@ def test_means_over_steps_counts_and_constants_without_a_process_group():
     out = metrics.reduce()
     # loss: steps sum to 3 and 8, mean 5.5; grad_norm: mean of 4 and 6
     assert out == {"loss": 5.5, "grad_norm": 5.0, "skipped": 1.0, "kl_coef": pytest.approx(0.001)}
+
+
+def test_extremes_are_the_smallest_and_largest_values_of_every_step_not_means():
+    metrics = MetricAccumulator(torch.device("cpu"))
+    for values in ([-1.5, 2.0], [0.5, 4.0]):  # two steps of two micro-batches
+        for value in values:
+            metrics.add_min("distillation/loss_min", torch.tensor(value))
+            metrics.add_max("distillation/loss_max", torch.tensor(value))
+        metrics.end_step()
+    assert metrics.reduce() == {"distillation/loss_max": 4.0, "distillation/loss_min": -1.5}

@@ -20,6 +20,8 @@ class MetricAccumulator:
         self._steps: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._counts: dict[str, int] = defaultdict(int)
         self._constants: dict[str, float] = {}
+        self._maxima: dict[str, torch.Tensor] = {}  # over every step and rank; a minimum is kept as -max(-value)
+        self._minima: dict[str, torch.Tensor] = {}
 
     def _on_device(self, value: torch.Tensor | float) -> torch.Tensor:
         return torch.as_tensor(value, dtype=torch.float32).to(self.device, non_blocking=True).reshape(())
@@ -32,6 +34,16 @@ class MetricAccumulator:
 
     def add_count(self, name: str) -> None:
         self._counts[name] += 1
+
+    def add_max(self, name: str, value: torch.Tensor | float) -> None:
+        """The largest value of the whole call, over all ranks (not a mean)."""
+        value = self._on_device(value)
+        self._maxima[name] = value if name not in self._maxima else torch.maximum(self._maxima[name], value)
+
+    def add_min(self, name: str, value: torch.Tensor | float) -> None:
+        """The smallest value of the whole call, over all ranks (not a mean)."""
+        value = -self._on_device(value)
+        self._minima[name] = value if name not in self._minima else torch.maximum(self._minima[name], value)
 
     def set(self, name: str, value: float) -> None:
         self._constants[name] = float(value)
@@ -59,4 +71,16 @@ class MetricAccumulator:
                 values /= dist.get_world_size(group)
             out.update(dict(zip(names, values.tolist())))
         out.update({name: float(count) for name, count in self._counts.items()})
+        out.update(self._reduce_extremes(group))
         return out
+
+    def _reduce_extremes(self, group: dist.ProcessGroup | None) -> dict[str, float]:
+        names = sorted(self._maxima) + sorted(self._minima)
+        if not names:
+            return {}
+        values = torch.stack([self._maxima[n] for n in sorted(self._maxima)]
+                             + [self._minima[n] for n in sorted(self._minima)]).double()
+        if dist.is_initialized():  # every rank records the same names, as for the means
+            dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+        signs = [1.0] * len(self._maxima) + [-1.0] * len(self._minima)
+        return {name: sign * value for name, sign, value in zip(names, signs, values.tolist())}

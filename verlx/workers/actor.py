@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from verlx.algorithms.core import agg_loss
+from verlx.algorithms.distillation import distillation_loss
 from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
 from verlx.algorithms.policy_losses import select_policy_loss
 from verlx.batch_columns import MODEL_INPUTS, non_tensor_inputs
@@ -27,15 +28,18 @@ class PPOActor:
 
     `reference` is the frozen reference (an actor whose engine has no optimizer), for the exact KL.
     `rollout_correction` (algorithm.rollout_correction) matters in bypass mode, which replaces the policy loss;
-    `dp_size` is the number of data-parallel shards (None: the world size), for loss_agg_mode token-sum."""
+    `dp_size` is the number of data-parallel shards (None: the world size), for loss_agg_mode token-sum.
+    `distillation` (distillation.distillation_loss, when distillation.enabled) adds the distillation loss against
+    the batch's teacher_log_prob to the update."""
 
     def __init__(self, config, engine: TrainingEngine, reference: PPOActor | None = None, rollout_correction=None,
-                 dp_size: int | None = None):
+                 dp_size: int | None = None, distillation=None):
         self.config = config
         self.engine = engine
         self.reference = reference
         self.rollout_correction = rollout_correction
         self.dp_size = dp_size
+        self.distillation = distillation
 
     @property
     def bypass_mode(self) -> bool:
@@ -100,6 +104,8 @@ class PPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch:
             keys.append("rollout_is_weights")
+        if self.distillation is not None:
+            keys.append("teacher_log_prob")
         head = self._head(data.meta_info.get("temperature", 1.0), cfg.entropy_coeff != 0,
                           full_kl=cfg.use_kl_loss and kl_needs_full_distribution(cfg.kl_loss_type))
         data = data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor_inputs(data.non_tensor_batch),
@@ -110,6 +116,8 @@ class PPOActor:
 
         def micro_loss(mb: DataProto, out: dict, counts: dict) -> torch.Tensor:
             probe.observe(mb, out["log_prob"])
+            if self.distillation is not None:
+                return compose_distillation_loss(cfg, self.distillation, loss_fn, mb, out, counts, metrics)
             return compose_policy_loss(cfg, loss_fn, mb, out["log_prob"], out["entropy"], counts, metrics,
                                        out.get("full_kl"))
 
@@ -167,8 +175,7 @@ def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, ent
     """
     device = log_prob.device
     mask = mb.batch["response_mask"].to(device)
-    agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"], dp_size=counts["dp_size"],
-               norm_length=cfg.loss_scale_factor)
+    agg = _agg_counts(cfg, counts)
     old = mb.batch["old_log_probs"].to(device)
     adv = mb.batch["advantages"].to(device)
     weights = mb.batch.get("rollout_is_weights")
@@ -191,4 +198,36 @@ def compose_policy_loss(cfg, loss_fn, mb: DataProto, log_prob: torch.Tensor, ent
     share = mask.sum() / counts["rank_tokens"]
     for name, value in pg_metrics.items():  # names with a section (bypass mode's rollout_corr/...) keep it
         metrics.add_sum(name if "/" in name else f"actor/{name}", value.detach() * share)
+    return loss
+
+
+def _agg_counts(cfg, counts: dict) -> dict:
+    return dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"], dp_size=counts["dp_size"],
+                norm_length=cfg.loss_scale_factor)
+
+
+def compose_distillation_loss(cfg, distill, loss_fn, mb: DataProto, out: dict, counts: dict,
+                              metrics: MetricAccumulator) -> torch.Tensor:
+    """veRL's distillation_ppo_loss for one micro-batch: distillation loss × distillation_loss_coef (1 without
+    use_task_rewards) plus the policy loss (compose_policy_loss) when use_task_rewards; the policy loss is still
+    computed for its metrics with use_policy_gradient alone, as veRL does, and not at all with neither."""
+    log_prob = out["log_prob"]
+    device = log_prob.device
+    mask = mb.batch["response_mask"].to(device)
+    weights = mb.batch.get("rollout_is_weights")
+    result = distillation_loss(distill, log_prob, mb.batch["teacher_log_prob"].to(device),
+                               mb.batch["old_log_probs"].to(device), mask, cfg.loss_agg_mode,
+                               weights=None if weights is None else weights.to(device), **_agg_counts(cfg, counts))
+    metrics.add_min("distillation/loss_min", result.loss_min)
+    metrics.add_max("distillation/loss_max", result.loss_max)
+    share = mask.sum() / counts["rank_tokens"]
+    for name, value in result.means.items():
+        metrics.add_sum(name, value * share)
+    metrics.add_sum("distillation/loss", result.loss.detach())
+    loss = result.loss * (distill.distillation_loss_coef if distill.use_task_rewards else 1.0)
+    if distill.use_task_rewards or distill.use_policy_gradient:
+        policy_loss = compose_policy_loss(cfg, loss_fn, mb, log_prob, out["entropy"], counts, metrics,
+                                          out.get("full_kl"))
+        if distill.use_task_rewards:
+            loss = loss + policy_loss
     return loss
