@@ -185,6 +185,8 @@ def point_ppo_paths_at(cfg, fixtures: Fixtures) -> None:
         cfg.custom_reward_function.path = fixtures.reward_file
     rm = cfg.reward_model.model
     rm.path = None if rm.path is None else fixtures.model_dir
+    for teacher in cfg.distillation.teacher_models.values():
+        teacher.model_path = None if teacher.model_path is None else fixtures.model_for(teacher.model_path)
     rm.input_tokenizer = None if rm.input_tokenizer is None else fixtures.model_dir
 
 

@@ -36,9 +36,10 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def save_tiny_qwen2(path, hidden_size: int = 64, intermediate_size: int = 128, num_hidden_layers: int = 2) -> str:
-    """A Qwen2 (GQA 4/2 heads, tied embeddings, random weights, seed 0) with the character-level tokenizer and a
-    generation config whose eos ids are <|im_end|> and the tokenizer's eos, saved to `path`."""
+def save_tiny_qwen2(path, hidden_size: int = 64, intermediate_size: int = 128, num_hidden_layers: int = 2,
+                    seed: int = 0) -> str:
+    """A Qwen2 (GQA 4/2 heads, tied embeddings, random weights drawn with `seed`) with the character-level tokenizer
+    and a generation config whose eos ids are <|im_end|> and the tokenizer's eos, saved to `path`."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -48,7 +49,7 @@ def save_tiny_qwen2(path, hidden_size: int = 64, intermediate_size: int = 128, n
                       num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=32768, tie_word_embeddings=True, eos_token_id=im_end,
                       pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     GenerationConfig(eos_token_id=[im_end, tok.eos_token_id], pad_token_id=tok.pad_token_id).save_pretrained(path)

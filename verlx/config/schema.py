@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from verlx.config.distillation import DistillationConfig
 from verlx.config.profiler import GlobalProfilerConfig
 from verlx.config.roles import ActorRolloutRefConfig, CriticConfig
 from verlx.config.run import (
@@ -33,6 +34,7 @@ class PPOConfig:
     rollout: RolloutResourcesConfig = field(default_factory=RolloutResourcesConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
     @property
     def use_reference(self) -> bool:

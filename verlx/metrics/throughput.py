@@ -10,6 +10,7 @@ _PER_TOKEN_BASIS = {
     "reward": "all",
     "old_log_prob": "all",
     "ref": "all",
+    "teacher": "all",
     "values": "all",
     "adv": "all",
     "update_critic": "all",

@@ -34,6 +34,7 @@ from verlx.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from verlx.trainer import checkpointing
+from verlx.trainer.frozen_log_probs import reference_log_probs, teacher_log_probs
 from verlx.trainer.generation_dump import dump_generations
 from verlx.trainer.invariants import (
     check_finite_log_probs,
@@ -308,7 +309,10 @@ class RayPPOTrainer:
             metrics.update(staleness_metrics(batch, self.policy_version, self._staleness_bound(),
                                              generated.dropped if generated is not None else 0))
             if self.use_reference:
-                self._reference_log_probs(batch, metrics, timing)
+                reference_log_probs(self.actor_rollout_wg, batch, metrics, timing)
+                self._advance_rollout()
+            if cfg.distillation.enabled:
+                teacher_log_probs(self.actor_rollout_wg, batch, metrics, timing)
                 self._advance_rollout()
             if self.use_critic:
                 self._critic_values(batch, metrics, timing)
@@ -353,14 +357,6 @@ class RayPPOTrainer:
         check_on_policy(metrics, on_policy_tolerance(cfg.trainer), self.global_step)
         check_weights_after_skipped_updates(metrics, self.actor_rollout_wg, batch, LOG_PROB_INPUTS, self.world_size,
                                             self.global_step, cfg.actor_rollout_ref.actor.optim.lr)
-
-    def _reference_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
-        with timed("ref", timing):
-            ref = self.actor_rollout_wg.compute_ref_log_prob(select_inputs(batch, LOG_PROB_INPUTS))
-            metrics.update(ref.meta_info.get("metrics", {}))
-            batch.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
-            if "full_kl" in ref.batch:
-                batch.batch["full_kl"] = ref.batch["full_kl"]
 
     def _critic_values(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         with timed("values", timing):
@@ -440,8 +436,7 @@ class RayPPOTrainer:
         keys = [*LOG_PROB_INPUTS, "old_log_probs", "advantages"]
         if self.config.actor_rollout_ref.actor.use_kl_loss:
             keys.append("ref_log_prob")
-        if "rollout_is_weights" in batch.batch:
-            keys.append("rollout_is_weights")
+        keys += [k for k in ("rollout_is_weights", "teacher_log_prob") if k in batch.batch]
         inputs = select_inputs(batch, keys)
         if correction is not None and correction.mask is not None:
             inputs.batch["response_mask"] = inputs.batch["response_mask"] * correction.mask.to(

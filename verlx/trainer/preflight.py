@@ -366,6 +366,10 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
         f.require(os.path.isfile(os.path.join(model_dir, "config.json")),
                   f"actor_rollout_ref.model.path: {model.path!r} has no config.json; "
                   "is it a HuggingFace model directory?")
+    teacher = cfg.distillation.teacher.model_path if cfg.distillation.enabled else None
+    if teacher is not None:
+        f.require(os.path.isdir(expand_path(teacher)), "distillation.teacher_models.teacher_model.model_path: "
+                  f"directory {teacher!r} does not exist (give the teacher's local HF model directory)")
     for key, path in _model_dirs(cfg):
         f.problems += model_dir_problems(path, key)
     crf = cfg.custom_reward_function
@@ -397,16 +401,21 @@ def _model_dirs(cfg: PPOConfig) -> list[tuple[str, str]]:
         dirs.append(("critic.model.path", cfg.critic.model.path))
     if cfg.reward_model.enable and cfg.reward_model.model.path is not None:
         dirs.append(("reward_model.model.path", cfg.reward_model.model.path))
+    if cfg.distillation.enabled and cfg.distillation.teacher.model_path is not None:
+        dirs.append(("distillation.teacher_models.teacher_model.model_path", cfg.distillation.teacher.model_path))
     return [(key, expand_path(path)) for key, path in dirs if path and os.path.isdir(expand_path(path))]
 
 
 def check_verl_features(cfg: PPOConfig, f: Findings, world_size: int, check_files: bool) -> None:
-    """The reward model, DAPO's reward_kwargs, gen_batch_size, custom_cls, sampler and the profiler keys."""
+    """The reward model, DAPO's reward_kwargs, gen_batch_size, custom_cls, sampler, distillation and the profiler
+    keys."""
     from verlx.data.config_checks import check_data_features
+    from verlx.trainer.distillation_checks import check_distillation
     from verlx.trainer.reward_checks import check_rewards
     from verlx.workers.profile_plan import check_profiler
 
     check_rewards(cfg, f, world_size, check_files)
+    check_distillation(cfg, f)
     check_data_features(cfg, f, world_size, check_files)
     check_profiler(cfg, f, world_size)
 

@@ -6,6 +6,7 @@
   reward_model.model.input_tokenizer            → the batches keep the raw chat (data.return_raw_chat=true)
   actor_rollout_ref.rollout.layered_summon      → nothing to switch: verlx's weight push is per tensor already
   the profiler keys                             → verlx's phase profiler (workers/profiling.py)
+  distillation's teacher pool and inference keys → a frozen FSDP teacher colocated like the reference
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from verlx.config.schema import PPOConfig
+from verlx.trainer.distillation_checks import distillation_mapping
 from verlx.trainer.reward_scoring import reward_model_reads_raw_chat
 
 
@@ -60,7 +62,7 @@ def profiler(config: PPOConfig) -> list[str]:
 
 
 MAPPINGS: tuple[Callable[[PPOConfig], list[str]], ...] = (
-    reward_workers, dapo_reward_kwargs, reward_model_raw_chat, layered_summon, profiler)
+    reward_workers, dapo_reward_kwargs, reward_model_raw_chat, layered_summon, profiler, distillation_mapping)
 
 
 def apply_verl_mappings(config: PPOConfig) -> list[str]:

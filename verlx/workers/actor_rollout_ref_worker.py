@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from contextlib import ExitStack
@@ -69,7 +70,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         super().__init__()
         self.config = config
         self.role = WorkerRole.parse(role)
-        self.actor = self.ref = self.engine = self.engine_ctx = self.agent_runner = None
+        self.actor = self.ref = self.teacher = self.engine = self.engine_ctx = self.agent_runner = None
         self.dp_size = self.world_size
         self.lora = False
         #: the actor's weights: each update and each loaded checkpoint is a new version (the engine holds one)
@@ -150,8 +151,12 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
                             "at every push (no engine here loads adapters separately)", arr.rollout.name)
             spec = ModelSpec("actor", role=arr.actor, lora=self.lora, tokenizer=self.tokenizer,
                              max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite_updates, **common)
+            distill = cfg.distillation
             self.actor = PPOActor(arr.actor, engine_cls.build(spec, placement),
-                                  rollout_correction=cfg.algorithm.rollout_correction, dp_size=placement.dp_size)
+                                  rollout_correction=cfg.algorithm.rollout_correction, dp_size=placement.dp_size,
+                                  distillation=distill.distillation_loss if distill.enabled else None)
+            if distill.enabled:
+                self.teacher = PPOActor(arr.actor, self._build_teacher(engine_cls, placement, common))
         if self.role.ref:
             if self.lora:  # the actor's own module with its adapters switched off
                 ref_engine = self.actor.engine.reference_view()
@@ -160,12 +165,23 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             self.ref = PPOActor(arr.actor, ref_engine)
             if self.actor is not None:
                 self.actor.reference = self.ref
-        for model in (self.actor, self.ref):
+        for model in (self.actor, self.ref, self.teacher):
             if model is not None:
                 model.engine.offload()
 
+    def _build_teacher(self, engine_cls, placement, common: dict):
+        """On-policy distillation's teacher (distillation.teacher_models): frozen and offloaded like the reference,
+        with the reference's settings (actor_rollout_ref.ref), from its own checkpoint and config.json."""
+        arr = self.config.actor_rollout_ref
+        path = expand_path(self.config.distillation.teacher.model_path)
+        self.teacher_hf_config = load_hf_config(path, arr.model.trust_remote_code, {})
+        model = dataclasses.replace(arr.model, path=path, override_config={}, lora_rank=0)
+        spec = ModelSpec("teacher", role=arr.ref, trainable=False,
+                         **dict(common, path=path, model=model, hf_config=self.teacher_hf_config))
+        return engine_cls.build(spec, placement)
+
     def _on_device(self, actor: bool = False, ref: bool = False, optimizer: bool = False,
-                   overlap: bool = False) -> ExitStack:
+                   overlap: bool = False, teacher: bool = False) -> ExitStack:
         """The offloaded parts a phase computes with, on the device for the `with` block (no-ops without offload);
         `overlap` for phases that start with a forward pass (copies overlap compute, workers/fsdp/offload.py).
         A LoRA reference is the actor's own module with its adapters disabled, so it brings the actor's weights."""
@@ -174,6 +190,8 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             stack.enter_context(self.actor.engine.on_device(optimizer=optimizer, overlap=overlap))
         if ref and self.ref is not None:
             stack.enter_context(self.ref.engine.on_device(overlap=overlap))
+        if teacher and self.teacher is not None:
+            stack.enter_context(self.teacher.engine.on_device(overlap=overlap))
         return stack
 
     def _sp_size(self) -> int:
@@ -385,6 +403,21 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             with self._on_device(actor=True, ref=True):
                 out.batch["full_kl"] = self.actor.compute_full_kl(data, micro).cpu()
         return out
+
+    @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """The teacher's log-probs of the sampled responses (on-policy distillation), batched like the reference's, of
+        the raw logits (temperature 1) as veRL's teacher server gives them."""
+        if self.teacher is None:
+            raise RuntimeError(f"role {self.role} has no teacher model (distillation.enabled=false)")
+        micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
+        data.meta_info["temperature"] = 1.0  # veRL's teacher server scores prompt tokens at temperature 1 always
+        timer = PhaseTimer(self.device, "teacher", self.rank)
+        with self._on_device(teacher=True, overlap=True), timer.measure():
+            log_prob, _ = self.teacher.compute_log_prob(data, micro, dynamic, max_tokens)
+        metrics = phase_metrics("teacher", self.teacher_hf_config, sequence_lengths(data).tolist(), timer,
+                                forward_only=True, share=1 / self._sp_size())
+        return DataProto({"teacher_log_prob": log_prob.cpu()}, meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ training
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")

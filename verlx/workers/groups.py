@@ -18,6 +18,7 @@ class ActorRolloutRefGroup(RayWorkerGroup):
     interrupt_generation = group_method(ActorRolloutRefWorker.interrupt_generation)
     compute_log_prob = group_method(ActorRolloutRefWorker.compute_log_prob)
     compute_ref_log_prob = group_method(ActorRolloutRefWorker.compute_ref_log_prob)
+    compute_teacher_log_prob = group_method(ActorRolloutRefWorker.compute_teacher_log_prob)
     update_actor = group_method(ActorRolloutRefWorker.update_actor)
     save_checkpoint = group_method(ActorRolloutRefWorker.save_checkpoint)
     load_checkpoint = group_method(ActorRolloutRefWorker.load_checkpoint)

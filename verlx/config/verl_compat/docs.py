@@ -164,7 +164,10 @@ running something else:
   package, configured by module patches of that package (`turbo_config`); refused naming it (it was a bare "not
   one of" before 2026-11-27), since its patches name the package's own functions.
 - **Megatron-Lite**, **torchtitan** and **AutoModel** engines, **megatron SFT**: other training engines; refused.
-- **On-policy distillation** (teacher models), **TransferQueue**, **fully asynchronous trainers** of
+- **On-policy distillation** beyond one teacher with an estimator loss on FSDP (docs/algorithms.md, "On-policy
+  distillation"): `loss_mode=forward_kl_topk` (the teacher's top-k log-probs), several teachers routed by
+  `teacher_key`, distillation on megatron, and a teacher whose vocabulary differs from the student's are refused.
+- **TransferQueue**, **fully asynchronous trainers** of
   `verl.experimental` (verlx: `trainer.rollout_mode=async`), **MTP**, **QAT**, **FP8 / quantized rollout**, **routing
   replay**: features verlx lacks.
 - **Expert-parallel and data-parallel rollout engines** (`rollout.expert_parallel_size`, `data_parallel_size` > 1):
