@@ -310,3 +310,17 @@ def test_the_cpu_constant_is_per_gpu_under_ulysses(tmp_path):
                                                        world_size=2)
     assert resolved.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 20_000
     assert resolved.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 20_000
+
+
+def test_a_distillation_teacher_is_counted_like_the_reference():
+    cfg = grpo_config("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/teacher")
+    counts = {"actor": 1000, "critic": 1000, "teacher": 3000}
+    tenants = auto_settings.gpu_tenants(cfg, counts, shards=1)
+    # the update holds the actor's 16 B/param and the teacher's fp32 weights, 4 B/param of its 3000 parameters
+    assert auto_settings.resident_bytes(tenants, "actor", updating=True) == 16_000 + 12_000
+    cfg = grpo_config("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/teacher",
+                      "actor_rollout_ref.ref.fsdp_config.param_offload=true")
+    tenants = auto_settings.gpu_tenants(cfg, counts, shards=1)
+    assert auto_settings.resident_bytes(tenants, "actor", updating=True) == 16_000  # offloaded with the reference
+    # its own forward: the teacher's weights beside the actor's weights and Adam state (12 B/param, no gradients)
+    assert auto_settings.resident_bytes(tenants, "teacher", updating=False) == 12_000 + 12_000

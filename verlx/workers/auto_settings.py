@@ -134,6 +134,9 @@ def parameter_counts(cfg, name: str, shape: ModelShape) -> dict[str, int]:
     other, path = ("critic", critic_path) if name == "actor" else ("actor", actor_path)
     other_numel = checkpoint_numel(expand_path(path)) if path and critic_path not in (None, actor_path) else None
     counts[other] = other_numel or shape.parameters
+    teacher = cfg.distillation.teacher.model_path if cfg.distillation.enabled else None
+    if teacher is not None:  # on-policy distillation's teacher, frozen beside the actor like the reference
+        counts["teacher"] = checkpoint_numel(expand_path(teacher)) or shape.parameters
     return counts
 
 
@@ -148,6 +151,10 @@ def gpu_tenants(cfg, params: dict[str, int], shards: int) -> dict[str, Tenant]:
         ref = arr.ref.fsdp_config
         out["ref"] = Tenant(ModelState("ref", params["actor"], dtype_bytes(ref.model_dtype), False, shards),
                             ref.param_offload)
+    if "teacher" in params:  # built with the reference's settings (workers/actor_rollout_ref_worker.py)
+        ref = arr.ref.fsdp_config
+        out["teacher"] = Tenant(ModelState("teacher", params["teacher"], dtype_bytes(ref.model_dtype), False, shards),
+                                ref.param_offload)
     if _uses_critic(cfg):
         c = cfg.critic.model.fsdp_config
         out["critic"] = Tenant(ModelState("critic", params["critic"], dtype_bytes(c.model_dtype), True, shards),
@@ -197,7 +204,7 @@ def plan_role(cfg, name: str, shape: ModelShape, memory: GpuMemory, world_size: 
     work = Workload(name, shape, role.use_torch_compile, role.logprob_chunk_size if name == "actor" else 0,
                     sequence_split_size(role), longest_sequence(cfg))
     check_fits_at_all(work, tenants[name], memory, choices.key)
-    forward_models = [m for m in (name, "ref" if name == "actor" else None) if m in tenants]
+    forward_models = [m for m in ((name, "ref", "teacher") if name == "actor" else (name,)) if m in tenants]
     static_forward = max(resident_bytes(tenants, m, updating=False) for m in forward_models)
     return decide(work, choices, memory, resident_bytes(tenants, name, updating=True), static_forward)
 
