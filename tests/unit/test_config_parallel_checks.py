@@ -63,6 +63,21 @@ def test_ulysses_kv_heads_rule_and_the_critic(tmp_path):
                      "actor_rollout_ref.model.path": model}), check_files=False)
 
 
+def test_ulysses_must_divide_the_heads_of_a_distillation_teacher(tmp_path):
+    # the student's 8 heads split over SP 4; the teacher's 6 do not, and it runs in the actor's SP groups
+    student, teacher = tmp_path / "student", tmp_path / "teacher"
+    student.mkdir(), teacher.mkdir()
+    over = {"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 4,
+            "actor_rollout_ref.model.path": _model_dir(student, heads=8, kv_heads=4),
+            "distillation.enabled": "true", "distillation.distillation_loss.loss_mode": "k3",
+            "distillation.teacher_models.teacher_model.model_path": _model_dir(teacher, heads=6, kv_heads=2)}
+    text = _problems(_cfg(**over))
+    assert ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 must divide the number of attention heads (6); "
+            f"sizes that work: [1, 2] (from {teacher}/config.json)") in text
+    _model_dir(teacher, heads=8, kv_heads=4)
+    validate(_cfg(**over), check_files=False)
+
+
 def test_reference_needs_the_actors_ulysses_size():
     text = _problems(_cfg(**{"actor_rollout_ref.actor.use_kl_loss": "true",
                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,

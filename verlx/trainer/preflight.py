@@ -299,8 +299,8 @@ def _model_head_counts(path: str | None) -> SimpleNamespace | None:
 
 def check_sequence_parallel(cfg: PPOConfig, f: Findings, world_size: int) -> None:
     """Ulysses SP > 1 needs packed sequences, one size for the actor and its reference (they share workers), and a
-    size the model's attention heads can be split by (read from config.json when present; the world size is
-    checked with the batch arithmetic)."""
+    size the model's attention heads can be split by (read from config.json when present, the distillation
+    teacher's too; the world size is checked with the batch arithmetic)."""
     from verlx.models.ulysses import check_ulysses
 
     arr = cfg.actor_rollout_ref
@@ -315,6 +315,9 @@ def check_sequence_parallel(cfg: PPOConfig, f: Findings, world_size: int) -> Non
     if uses_critic(cfg):
         roles.append(("critic", cfg.critic, cfg.critic.model.use_remove_padding, "critic.model",
                       cfg.critic.model.path or arr.model.path))
+    if cfg.distillation.enabled and cfg.distillation.teacher.model_path:  # the teacher shares the actor's SP groups
+        roles.append(("actor_rollout_ref.actor", arr.actor, arr.model.use_remove_padding, "actor_rollout_ref.model",
+                      cfg.distillation.teacher.model_path))
     for key, role, packed, model_key, path in roles:
         sp = role.ulysses_sequence_parallel_size
         if role.strategy == "megatron" or sp <= 1:
