@@ -62,7 +62,8 @@ def test_the_scripts_keys_compose_typed_and_pass_preflight_with_one_mapping_line
     lines = [line for line in apply_verl_mappings(cfg) if line.startswith("distillation:")]
     assert len(lines) == 1
     assert ("distillation.n_gpus_per_node=4, nnodes=1" in lines[0] and "tensor_model_parallel_size=2" in lines[0]
-            and "frozen FSDP model in the training workers" in lines[0])
+            and "frozen FSDP model in the training workers" in lines[0]
+            and "teacher_key=data_source routes nothing" in lines[0])
 
 
 def test_distillation_off_checks_nothing_and_says_nothing(tiny_model_dir, arithmetic_data_dir, tmp_path):

@@ -70,4 +70,4 @@ def distillation_mapping(cfg: PPOConfig) -> list[str]:
             f"server are not used: distillation.n_gpus_per_node={d.n_gpus_per_node}, nnodes={d.nnodes}, "
             f"teacher_models.teacher_model.num_replicas and inference.* (name={inference.name}, "
             f"tensor_model_parallel_size={inference.tensor_model_parallel_size}, gpu_memory_utilization="
-            f"{inference.gpu_memory_utilization})"]
+            f"{inference.gpu_memory_utilization}); with one teacher, teacher_key={d.teacher_key} routes nothing"]
