@@ -115,9 +115,13 @@ commands (commands blocked; blocked by that family alone):
   (their one problem), so on a machine with Nsight Systems installed the 2026-01 figure is 133 / 201.
 - 2026-08: Ascend NPUs (14; 9), transformer-engine options (11; 4), veRL's own classes (10; 4), VeOmni (8; 8),
   expert-parallel rollout engines (7; 1), the vision-language architecture Qwen3.5 (6; 6), megatron with other
-  architectures (5; 1), on-policy distillation (5; 5), multi-turn tools on vLLM without async (5; 0), megatron
-  CPU offload (4; 0), quantization-aware training (4; 4), `qwen3_vl_moe` (3; 3). Qwen3-VL-8B on FSDP passes since
-  2026-11-27 (it was refused for its architecture alone), and one torch_memory script.
+  architectures (5; 1), multi-turn tools on vLLM without async (5; 0), megatron CPU offload (4; 0),
+  quantization-aware training (4; 4), `qwen3_vl_moe` (3; 3). Qwen3-VL-8B on FSDP passes since 2026-11-27 (it was
+  refused for its architecture alone), and one torch_memory script. Since 2026-11-28 on-policy distillation runs
+  with one teacher and an estimator loss (docs/algorithms.md): the two single-teacher FSDP scripts (Qwen3-8B and
+  Qwen3-VL-8B students) pass, 80 / 191 against 78 / 191 at the commit before (94bb92f, measured the same day); of
+  the other five distillation scripts two choose VeOmni, one Qwen3.5, the megatron one `forward_kl_topk` and the
+  multi-teacher one two teachers, each refused naming that.
 
 The launch harness stands in a vision-language config.json for the hub names of vision-language checkpoints
 (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V, Kimi-VL, MiniCPM-o), so their runs are refused as verlx refuses
