@@ -50,6 +50,16 @@ def test_cached_hub_id_resolves_to_its_snapshot(offline_cache, tiny_model_dir, a
     assert len(tokenizer) == 100 and next(iter(train_loader)).batch["input_ids"].shape == (8, 32)
 
 
+def test_a_distillation_teachers_hub_id_resolves_too(offline_cache, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    from verlx.trainer.main_ppo import resolve_hub_models
+
+    snapshot = cache_model(offline_cache, HUB_ID, tiny_model_dir)
+    cfg = make_config(tiny_model_dir, arithmetic_data_dir, tmp_path, "distillation.enabled=true",
+                      f"distillation.teacher_models.teacher_model.model_path={HUB_ID}")
+    resolve_hub_models(cfg)
+    assert cfg.distillation.teacher.model_path == snapshot
+
+
 def test_uncached_hub_id_offline_names_the_id_and_the_download_command(offline_cache, arithmetic_data_dir, tmp_path):
     from verlx.trainer.main_ppo import prepare
 
