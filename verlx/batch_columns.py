@@ -67,6 +67,7 @@ OLD_LOG_PROBS = "old_log_probs"
 ENTROPYS = "entropys"
 SUM_PI_SQUARED = "sum_pi_squared"
 REF_LOG_PROB = "ref_log_prob"
+TEACHER_LOG_PROB = "teacher_log_prob"
 FULL_KL = "full_kl"
 VALUES = "values"
 ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
@@ -108,6 +109,7 @@ COLUMNS = {
     ENTROPYS: "the actor's per-token entropy [B, R]",
     SUM_PI_SQUARED: "sum over the vocabulary of p^2 per token [B, R]",
     REF_LOG_PROB: "the reference model's log-probs [B, R]",
+    TEACHER_LOG_PROB: "on-policy distillation: the teacher's log-probs of the sampled tokens [B, R]",
     FULL_KL: "the full-vocabulary KL to the reference per token [B, R]",
     VALUES: "the critic's values [B, R]",
     ROLLOUT_IS_WEIGHTS: "rollout correction's importance weights per token [B, R]",

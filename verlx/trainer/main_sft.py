@@ -7,6 +7,7 @@ points run the same trainer: verlx.trainer.fsdp_sft_trainer (fsdp_sft_trainer.ya
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Sequence
 
@@ -45,7 +46,6 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     import torch.distributed as dist
 
     from verlx.config.hf_paths import resolve_model_paths
-    from verlx.trainer.sft_trainer import SFTTrainer
     from verlx.utils.distributed import init_distributed
 
     _single_process_env()
@@ -55,10 +55,23 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     _check_tokenizer_files(cfg)
     init_distributed()
     try:
-        trainer = SFTTrainer(cfg, dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-        return trainer.fit()
+        return _train(cfg)
     finally:
+        # FSDP modules sit in reference cycles that hold the process group: collected only at interpreter exit,
+        # after destroy_process_group, gloo's threads abort the rank ("terminate called without an active
+        # exception", SIGABRT) after a complete run
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _train(cfg: SFTConfig) -> dict[str, float]:
+    """The trainer lives in this frame only, so that nothing but its own reference cycles holds it afterwards."""
+    import torch.distributed as dist
+
+    from verlx.trainer.sft_trainer import SFTTrainer
+
+    trainer = SFTTrainer(cfg, dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    return trainer.fit()
 
 
 def sft_command(config_name: str):

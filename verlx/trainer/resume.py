@@ -42,7 +42,7 @@ _ROLLOUT_MODE = ("samples generated ahead of the trainer are not saved: a resume
 RESUME_RULES: dict[str, tuple[str, str]] = {
     **{section: (TAKES_EFFECT, "") for section in (
         "data", "actor_rollout_ref", "critic", "reward_model", "reward", "custom_reward_function", "algorithm",
-        "trainer", "ray_kwargs", "rollout", "global_profiler")},
+        "trainer", "ray_kwargs", "rollout", "global_profiler", "distillation")},
     **{key: (MUST_MATCH, _DATA_ORDER) for key in (
         "data.train_files", "data.train_max_samples", "data.prompt_key", "data.shuffle", "data.seed",
         "data.filter_overlong_prompts", "data.skip_bad_rows", "trainer.seed", "data.custom_cls", "data.sampler")},
