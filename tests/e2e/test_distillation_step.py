@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from helpers.distillation import script_distillation_overrides
 from helpers.e2e import e2e_overrides, read_metrics
 from helpers.tiny_tokenizer import save_tiny_qwen2
 
@@ -27,18 +28,7 @@ def test_main_ppo_trains_the_student_towards_a_colocated_teacher(tiny_model_dir,
                                                                   tmp_path):
     overrides = e2e_overrides(
         tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
-        "trainer.total_training_steps=2",
-        # veRL's keys of examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh, small values
-        "distillation.enabled=True", "distillation.n_gpus_per_node=4", "distillation.nnodes=1",
-        f"distillation.teacher_models.teacher_model.model_path={teacher_dir}",
-        "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=2",
-        "distillation.teacher_models.teacher_model.inference.name=vllm",
-        "distillation.teacher_models.teacher_model.inference.gpu_memory_utilization=0.4",
-        "distillation.teacher_models.teacher_model.inference.max_model_len=41",
-        "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.topk=64",
-        "distillation.distillation_loss.use_task_rewards=False",
-        "distillation.distillation_loss.use_policy_gradient=True",
-        "distillation.distillation_loss.loss_max_clamp=10.0", "distillation.distillation_loss.log_prob_min_clamp=-10.0")
+        "trainer.total_training_steps=2", *script_distillation_overrides(str(teacher_dir)))
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     run = subprocess.run([sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=900)

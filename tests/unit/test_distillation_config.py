@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from helpers.distillation import script_distillation_overrides
 from helpers.e2e import make_config
 from helpers.tiny_tokenizer import save_tiny_qwen2
 from verlx.config.loader import ConfigError, Findings
@@ -25,17 +26,7 @@ def teacher_dir(tmp_path_factory):
 def _script(teacher: str, *extra: str) -> list[str]:
     """The script's EXTRA overrides (and its GRPO keys), with a tiny teacher."""
     return ["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False", "actor_rollout_ref.rollout.n=2",
-            "distillation.enabled=True", "distillation.n_gpus_per_node=4", "distillation.nnodes=1",
-            f"distillation.teacher_models.teacher_model.model_path={teacher}",
-            "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=2",
-            "distillation.teacher_models.teacher_model.inference.name=vllm",
-            "distillation.teacher_models.teacher_model.inference.gpu_memory_utilization=0.4",
-            "distillation.teacher_models.teacher_model.inference.max_model_len=41",
-            "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.topk=64",
-            "distillation.distillation_loss.use_task_rewards=False",
-            "distillation.distillation_loss.use_policy_gradient=True",
-            "distillation.distillation_loss.loss_max_clamp=10.0",
-            "distillation.distillation_loss.log_prob_min_clamp=-10.0", *extra]
+            *script_distillation_overrides(teacher), *extra]
 
 
 def _config(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher, *extra):

@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from verlx.config.roles import ClipRange
+
 
 @dataclass
-class DistillationLossConfig:
+class DistillationLossConfig(ClipRange):
     loss_mode: str = "k3"
     topk: int | None = 32
     use_task_rewards: bool = True
@@ -21,15 +23,6 @@ class DistillationLossConfig:
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = 0.2
     clip_ratio_high: float | None = 0.2
-
-    # what a policy loss reads of its config (the actor's ActorConfig has the same properties)
-    @property
-    def clip_low(self) -> float:
-        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
-
-    @property
-    def clip_high(self) -> float:
-        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
     @property
     def clip_ratio_c(self) -> float:

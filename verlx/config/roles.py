@@ -28,8 +28,21 @@ class PolicyLossConfig:
     dro_beta: float | None = None
 
 
+class ClipRange:
+    """The clip bounds a policy loss reads (ActorConfig, distillation's loss section): each side's own ratio,
+    else clip_ratio."""
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
 @dataclass
-class ActorConfig:
+class ActorConfig(ClipRange):
     strategy: str = "fsdp"
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size: int | None = None
@@ -65,14 +78,6 @@ class ActorConfig:
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
-
-    @property
-    def clip_low(self) -> float:
-        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
-
-    @property
-    def clip_high(self) -> float:
-        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
 
 @dataclass
