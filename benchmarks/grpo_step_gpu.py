@@ -45,7 +45,8 @@ SHOWN = ("timing_s/step", "timing_s/gen", "timing_s/wake_weights", "timing_s/upd
          "timing_s/ref", "timing_s/adv", "timing_s/update_actor", "perf/throughput", "perf/max_memory_allocated_gb",
          "perf/max_memory_allocated_gb/gen", "perf/mfu/actor", "response_length/mean", "rollout/logprob_diff",
          "rollout/engine_asleep_gb", "perf/device_memory_used_gb/gen", "perf/device_memory_imbalance/gen",
-         "perf/device_memory_used_gb/actor", "perf/device_memory_imbalance/actor", "actor/entropy", "actor/pg_loss")
+         "perf/device_memory_used_gb/actor", "perf/device_memory_imbalance/actor", "actor/entropy", "actor/pg_loss",
+         "timing_s/teacher", "distillation/loss", "distillation/abs_loss")
 AUTO_BUDGETS = {key: re.compile(rf"actor_rollout_ref\.{name}[^→\n]*→ (\d+)")
                 for key, name in (("actor_budget", r"actor\.ppo_max_token_len_per_gpu"),
                                   ("log_prob_budget", r"rollout\.log_prob_max_token_len_per_gpu"))}
@@ -53,19 +54,19 @@ PROFILE_SHOWN = ("wall_s", "device_busy_s", "device_idle_s", "device_busy_fracti
                  "host_syncs_per_micro_batch", "sync_ops_per_micro_batch", "compiled_graphs")
 
 
-def build_model(out_dir: str, shape: str) -> None:
+def build_model(out_dir: str, shape: str, seed: int = 0) -> None:
     """The random-weight checkpoint, initialised on a GPU where there is one (a 7B model takes minutes on the
     CPU), in a process of its own so that no CUDA memory stays held beside the runs that follow."""
     import torch
 
     if not torch.cuda.is_available():  # NVML only: no CUDA context here
-        build_model_on(out_dir, shape, "cpu")
+        build_model_on(out_dir, shape, "cpu", seed)
         return
-    code = f"import grpo_step_gpu; grpo_step_gpu.build_model_on({out_dir!r}, {shape!r}, 'cuda')"
+    code = f"import grpo_step_gpu; grpo_step_gpu.build_model_on({out_dir!r}, {shape!r}, 'cuda', {seed})"
     subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)), check=True)
 
 
-def build_model_on(out_dir: str, shape: str, device: str) -> None:
+def build_model_on(out_dir: str, shape: str, device: str, seed: int = 0) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -76,7 +77,7 @@ def build_model_on(out_dir: str, shape: str, device: str) -> None:
     config = Qwen2Config(**{"tie_word_embeddings": True, **SHAPES[shape]}, max_position_embeddings=32768,
                          rope_theta=1000000.0, eos_token_id=im_end, pad_token_id=tokenizer.pad_token_id,
                          dtype="bfloat16")
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     torch.set_default_dtype(torch.bfloat16)  # 7B in fp32 would take 30 GB
     try:
         with torch.device(device):
@@ -89,10 +90,13 @@ def build_model_on(out_dir: str, shape: str, device: str) -> None:
                      pad_token_id=tokenizer.pad_token_id).save_pretrained(out_dir)
 
 
-def prepare_inputs(work: str, shape: str) -> tuple[str, str]:
-    """The random-weight checkpoint and the arithmetic parquet files (both systems of a comparison read them)."""
+def prepare_inputs(work: str, shape: str, teacher_shape: str = "") -> tuple[str, str]:
+    """The random-weight checkpoint (and the teacher's, a second seed, for --teacher-shape) and the arithmetic
+    parquet files (both systems of a comparison read them)."""
     model_dir, data_dir = os.path.join(work, "model"), os.path.join(work, "data")
     build_model(model_dir, shape)
+    if teacher_shape:
+        build_model(os.path.join(work, "teacher"), teacher_shape, seed=1)
     subprocess.run([sys.executable, os.path.join(ROOT, "examples/data_preprocess/arithmetic.py"),
                     "--local_save_dir", data_dir, "--test_size", "256"], check=True)
     return model_dir, data_dir
@@ -122,6 +126,11 @@ def verlx_overrides(args, model_dir: str, data_dir: str, out_dir: str) -> list[s
         overrides.append("actor_rollout_ref.rollout.ignore_eos=true")
     if args.smoke:
         overrides += ["trainer.device=cpu", "reward.num_workers=0"]
+    if args.teacher_shape:  # veRL's on-policy distillation example's loss settings, the task reward kept
+        overrides += ["distillation.enabled=true",
+                      f"distillation.teacher_models.teacher_model.model_path={os.path.dirname(model_dir)}/teacher",
+                      "distillation.distillation_loss.loss_mode=k1",
+                      "distillation.distillation_loss.use_policy_gradient=true"]
     return [*overrides, *args.extra]
 
 
@@ -205,6 +214,8 @@ def parse_args(argv=None):
     p.add_argument("--profile", default="", help="phases to trace in step 2, e.g. actor,actor_infer,gen")
     p.add_argument("--repeat-run", action="store_true", help="run twice on one fresh compile cache: cold, then warm")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shape, 2 steps of 4 prompts × 2")
+    p.add_argument("--teacher-shape", default="", choices=["", *SHAPES],
+                   help="on-policy distillation from a random teacher of this shape (its own seed)")
     p.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
     args = p.parse_args(argv)
     if args.smoke:
@@ -220,7 +231,7 @@ def apply_smoke(args) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     work = tempfile.mkdtemp(prefix="verlx-grpo-")
-    model_dir, data_dir = prepare_inputs(work, args.shape)
+    model_dir, data_dir = prepare_inputs(work, args.shape, args.teacher_shape)
     out = os.environ.get("OUT")
     env = {**os.environ}
     profile_dir = os.path.join(out or work, "profile")

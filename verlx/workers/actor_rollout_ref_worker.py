@@ -391,15 +391,11 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError(f"role {self.role} has no reference model")
-        micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        timer = PhaseTimer(self.device, "ref", self.rank)
-        with self._on_device(ref=True, overlap=True), timer.measure():
-            log_prob, _ = self.ref.compute_log_prob(data, micro, dynamic, max_tokens)
-        metrics = phase_metrics("ref", self.hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
-                                share=1 / self._sp_size())
-        out = DataProto({"ref_log_prob": log_prob.cpu()}, meta_info={"metrics": metrics})
+        log_prob, metrics = self._frozen_log_prob(self.ref, "ref", self.hf_config, data, ref=True)
+        out = DataProto({"ref_log_prob": log_prob}, meta_info={"metrics": metrics})
         if kl_needs_full_distribution(self.config.algorithm.kl_penalty) and self.config.algorithm.use_kl_in_reward:
+            micro, _, _ = self._log_prob_batching(use_ref=True)
             with self._on_device(actor=True, ref=True):
                 out.batch["full_kl"] = self.actor.compute_full_kl(data, micro).cpu()
         return out
@@ -410,14 +406,20 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         the raw logits (temperature 1) as veRL's teacher server gives them."""
         if self.teacher is None:
             raise RuntimeError(f"role {self.role} has no teacher model (distillation.enabled=false)")
-        micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
         data.meta_info["temperature"] = 1.0  # veRL's teacher server scores prompt tokens at temperature 1 always
-        timer = PhaseTimer(self.device, "teacher", self.rank)
-        with self._on_device(teacher=True, overlap=True), timer.measure():
-            log_prob, _ = self.teacher.compute_log_prob(data, micro, dynamic, max_tokens)
-        metrics = phase_metrics("teacher", self.teacher_hf_config, sequence_lengths(data).tolist(), timer,
-                                forward_only=True, share=1 / self._sp_size())
-        return DataProto({"teacher_log_prob": log_prob.cpu()}, meta_info={"metrics": metrics})
+        log_prob, metrics = self._frozen_log_prob(self.teacher, "teacher", self.teacher_hf_config, data, teacher=True)
+        return DataProto({"teacher_log_prob": log_prob}, meta_info={"metrics": metrics})
+
+    def _frozen_log_prob(self, model, phase: str, hf_config, data: DataProto, **placement):
+        """A frozen model's (reference, teacher) log-probs of the batch on the CPU and its phase metrics, batched
+        with the reference's log-prob settings; `placement` names the model for `_on_device`."""
+        micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
+        timer = PhaseTimer(self.device, phase, self.rank)
+        with self._on_device(**placement, overlap=True), timer.measure():
+            log_prob, _ = model.compute_log_prob(data, micro, dynamic, max_tokens)
+        metrics = phase_metrics(phase, hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
+                                share=1 / self._sp_size())
+        return log_prob.cpu(), metrics
 
     # ------------------------------------------------------------------ training
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")
