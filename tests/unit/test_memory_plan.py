@@ -324,3 +324,22 @@ def test_a_distillation_teacher_is_counted_like_the_reference():
     assert auto_settings.resident_bytes(tenants, "actor", updating=True) == 16_000  # offloaded with the reference
     # its own forward: the teacher's weights beside the actor's weights and Adam state (12 B/param, no gradients)
     assert auto_settings.resident_bytes(tenants, "teacher", updating=False) == 12_000 + 12_000
+
+
+def test_a_teacher_without_a_reference_gets_the_reference_batching_decided(tmp_path):
+    """The teacher's log-probs are batched with actor_rollout_ref.ref's settings, so they are decided even when no
+    reference phase runs (use_kl_loss=false): left unset they failed the first teacher phase on a GPU."""
+    distill = ("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/teacher")
+    cfg = grpo_config(*distill)
+    assert not cfg.use_reference
+    assert auto_settings.actor_choices(cfg, dp=1).forward_budget_keys == [
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"]
+    resolved, notes = auto_settings.resolve_actor_settings(cfg, Qwen2Config(**QWEN_05B), str(tmp_path),
+                                                           torch.device("cpu"), world_size=1)
+    ref = resolved.actor_rollout_ref.ref
+    assert (ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu) == (True, 16_384)
+    assert "actor_rollout_ref.ref.log_prob_use_dynamic_bsz auto → true (no micro-batch size set)" in notes
+    plain, _ = auto_settings.resolve_actor_settings(grpo_config(), Qwen2Config(**QWEN_05B), str(tmp_path),
+                                                    torch.device("cpu"), world_size=1)
+    assert plain.actor_rollout_ref.ref.log_prob_use_dynamic_bsz is False  # neither a reference nor a teacher

@@ -39,3 +39,9 @@ class PPOConfig:
     @property
     def use_reference(self) -> bool:
         return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
+
+    @property
+    def uses_ref_log_prob_settings(self) -> bool:
+        """A frozen model's log-prob phase runs, batched with actor_rollout_ref.ref's settings: the reference's, or
+        a distillation teacher's (with or without a reference)."""
+        return self.use_reference or self.distillation.enabled

@@ -153,7 +153,7 @@ def check_batch_arithmetic(cfg: PPOConfig, f: Findings, world_size: int) -> None
         )
     log_prob_roles = [("actor_rollout_ref.rollout", arr.rollout.log_prob_micro_batch_size,
                        arr.rollout.log_prob_micro_batch_size_per_gpu, arr.rollout.log_prob_use_dynamic_bsz)]
-    if cfg.use_reference:
+    if cfg.uses_ref_log_prob_settings:
         log_prob_roles.append(("actor_rollout_ref.ref", arr.ref.log_prob_micro_batch_size,
                                arr.ref.log_prob_micro_batch_size_per_gpu, arr.ref.log_prob_use_dynamic_bsz))
     for key, global_micro, per_gpu_micro, dynamic in log_prob_roles:

@@ -69,7 +69,7 @@ def dynamic_phases(cfg) -> list[tuple[str, int | None, bool]]:
               (ROLLOUT_BUDGET, r.log_prob_max_token_len_per_gpu,
                dynamic_batches(r.log_prob_use_dynamic_bsz,
                                _micro(r.log_prob_micro_batch_size_per_gpu, r.log_prob_micro_batch_size)))]
-    if cfg.use_reference:
+    if cfg.uses_ref_log_prob_settings:
         phases.append((REF_BUDGET, ref.log_prob_max_token_len_per_gpu,
                        dynamic_batches(ref.log_prob_use_dynamic_bsz,
                                        _micro(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size))))
@@ -302,8 +302,8 @@ def _fill_flags(cfg) -> list[str]:
             ("actor_rollout_ref.ref", arr.ref, "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu",
              "log_prob_micro_batch_size")):
         if getattr(section, flag) is None:
-            if section is arr.ref and not cfg.use_reference:
-                section.log_prob_use_dynamic_bsz = False  # no reference phase runs
+            if section is arr.ref and not cfg.uses_ref_log_prob_settings:
+                section.log_prob_use_dynamic_bsz = False  # no reference or teacher phase runs
                 continue
             value = dynamic_batches(None, _micro(getattr(section, per_gpu), getattr(section, global_size)))
             setattr(section, flag, value)
