@@ -210,6 +210,37 @@ def default_steps(tokens: int) -> int:
     return 1 + tokens % 3
 
 
+KV_CACHE_BYTES = 4096  # the fake engine's KV cache in its sleep-mode pool
+
+
+@dataclass
+class AllocationData:
+    """vllm.device_allocator.cumem's record of one mapping of the sleep-mode pool: handle[1] is its size in bytes."""
+    handle: tuple
+    tag: str
+    is_asleep: bool = False
+
+
+class CuMemAllocator:
+    """The sleep-mode pool's bookkeeping as vLLM keeps it (a singleton; pointer_to_data by device pointer)."""
+    current: CuMemAllocator | None = None
+
+    def __init__(self):
+        self.pointer_to_data: dict[int, AllocationData] = {}
+
+    @staticmethod
+    def get_instance() -> CuMemAllocator:
+        return CuMemAllocator.current
+
+    def allocate(self, tag: str, size: int) -> None:
+        self.pointer_to_data[len(self.pointer_to_data) + 1] = AllocationData((0, size, 0, 0), tag)
+
+    def set_asleep(self, tags, asleep: bool) -> None:
+        for data in self.pointer_to_data.values():
+            if data.tag in tags:
+                data.is_asleep = asleep
+
+
 @dataclass
 class FakeVLLM:
     version: str
@@ -328,6 +359,10 @@ def _llm_class(state: FakeVLLM) -> type:
             worker = SimpleNamespace(worker=SimpleNamespace(model_runner=runner))
             self.llm_engine = _engine_class(state, self)(SimpleNamespace(driver_worker=worker))
             self.sleeping: set[str] = set()
+            CuMemAllocator.current = CuMemAllocator()  # the weights and the KV cache in the sleep-mode pool
+            CuMemAllocator.current.allocate("weights", sum(p.numel() * p.element_size()
+                                                           for p in self.model.parameters()))
+            CuMemAllocator.current.allocate("kv_cache", KV_CACHE_BYTES)
             state.llms.append(self)
 
         def generate(self, prompts, sampling_params=None, use_tqdm=True):
@@ -356,6 +391,7 @@ def _llm_class(state: FakeVLLM) -> type:
         def sleep(self, level=1):
             state.calls.append(("sleep", level))
             self.sleeping = {"weights", "kv_cache"}
+            CuMemAllocator.current.set_asleep(self.sleeping, True)
             if level == 2:
                 for param in self.model.parameters():
                     param.data.fill_(float("nan"))
@@ -364,6 +400,7 @@ def _llm_class(state: FakeVLLM) -> type:
             tags = ["weights", "kv_cache"] if tags is None else list(tags)
             state.calls.append(("wake_up", tags))
             self.sleeping.difference_update(tags)
+            CuMemAllocator.current.set_asleep(tags, False)
             if Version(state.version).release < (0, 27):  # 0.26.0 returns None; 0.33 says whether fully awake
                 return None
             return not self.sleeping and not state.stays_asleep
@@ -392,6 +429,8 @@ def install_fake_vllm(version: str, dist_dir: str) -> FakeVLLM:
                                                      run_server=make_run_server(state)),
         "vllm.entrypoints.openai.cli_args": module("vllm.entrypoints.openai.cli_args", make_arg_parser=make_arg_parser,
                                                    validate_parsed_serve_args=validate_parsed_serve_args),
+        "vllm.device_allocator": module("vllm.device_allocator"),
+        "vllm.device_allocator.cumem": module("vllm.device_allocator.cumem", CuMemAllocator=CuMemAllocator),
         "vllm.utils": module("vllm.utils"),
         "vllm.utils.argparse_utils": module("vllm.utils.argparse_utils", FlexibleArgumentParser=FlexibleArgumentParser),
     }

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_fakes.contexts import EOS, left_padded_prompts, make_ctx, trainer_weights
-from engine_fakes.fake_vllm import RequestOutputKind, install_fake_vllm
+from engine_fakes.fake_vllm import KV_CACHE_BYTES, RequestOutputKind, install_fake_vllm
 from verlx.rollout.engine_versions import UnsupportedEngineVersion
 from verlx.rollout.residency import EngineStateError
 from verlx.rollout.token_io import EngineGenerationError
@@ -145,6 +145,21 @@ def test_generate_returns_the_shared_layout(fake, tmp_path, monkeypatch, release
     expected = torch.tensor([[-0.1, -0.2, -0.3, 0, 0, 0], [-0.11, -0.21, 0, 0, 0, 0],
                              [-0.1, -0.2, 0, 0, 0, 0], [-0.11, 0, 0, 0, 0, 0]])
     assert torch.allclose(out.batch["rollout_log_probs"], expected)
+
+
+def test_the_sleeping_pool_is_what_torch_counts_without_device_memory(fake, tmp_path):
+    """vLLM's sleep unmaps its pool under tensors that stay allocated to torch (the actor's peak read 100 GB on an
+    80 GB card): the engine reports the asleep mappings' bytes, which the training phases' peaks leave out."""
+    state = fake()
+    engine = build(tmp_path)
+    weight_bytes = sum(p.numel() * p.element_size() for p in state.llms[0].model.parameters())
+    assert engine.unbacked_allocated_bytes() == 0  # awake: every mapping holds device memory
+    engine.sleep()
+    assert engine.unbacked_allocated_bytes() == weight_bytes + KV_CACHE_BYTES
+    engine.wake_up(["weights"])
+    assert engine.unbacked_allocated_bytes() == KV_CACHE_BYTES
+    engine.wake_up(["kv_cache"])
+    assert engine.unbacked_allocated_bytes() == 0
 
 
 def test_sleep_level_2_needs_every_parameter(fake, tmp_path):

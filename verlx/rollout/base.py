@@ -234,6 +234,12 @@ class RolloutEngine(abc.ABC):
         """Stop what the engine started outside this process (an engine's HTTP server) before the worker goes;
         nothing for an engine without such."""
 
+    def unbacked_allocated_bytes(self) -> int:
+        """Bytes this process's torch allocator counts as allocated that hold no device memory now: an engine whose
+        sleep unmaps memory under tensors it keeps (vLLM's sleep-mode pool) says how much, so that the training
+        phases' peaks (perf/max_memory_allocated_gb/<phase>) leave it out; 0 for the others."""
+        return 0
+
     # ------------------------------------------------------------------ residency
     def sleep(self) -> None:
         """Release weights and KV cache (the training phase needs the memory); nothing for an engine that keeps

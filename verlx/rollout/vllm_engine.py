@@ -187,6 +187,16 @@ class VLLMRolloutEngine(ExternalEngine):
                           f"{next(self._streams)}-", self.vision)
 
     # ------------------------------------------------------------------ memory
+    def unbacked_allocated_bytes(self) -> int:
+        """In-process, vLLM's sleep unmaps its pool's memory while its tensors stay allocated to torch: the bytes of
+        the pool's allocations that are asleep (none in server mode: the engine lives in its own process)."""
+        if self.server_mode:
+            return 0
+        from vllm.device_allocator.cumem import CuMemAllocator
+
+        allocations = CuMemAllocator.get_instance().pointer_to_data.values()
+        return sum(allocation.handle[1] for allocation in allocations if allocation.is_asleep)
+
     def _release(self) -> None:
         """Sleep at rollout.sleep_level (1: weights to pinned CPU; 2: weights discarded), KV cache discarded."""
         self._on_engine(lambda: self._engine.sleep(level=self.config.sleep_level))

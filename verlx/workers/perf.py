@@ -15,8 +15,11 @@ class PhaseTimer:
     """Seconds of compute and the device's peak allocation of one phase (`with meter.measure(): ...`); a named
     phase is profiled when the environment asks for it (workers/profiling.py), outside the seconds measured."""
 
-    def __init__(self, device: torch.device, phase: str | None = None, rank: int = 0):
+    def __init__(self, device: torch.device, phase: str | None = None, rank: int = 0, unbacked_bytes: int = 0):
+        """`unbacked_bytes`: allocated to torch but holding no device memory during the phase (a sleeping
+        engine's unmapped pool, RolloutEngine.unbacked_allocated_bytes), left out of the peak."""
         self.device, self.phase, self.rank = device, phase, rank
+        self.unbacked_bytes = unbacked_bytes
         self.seconds = 0.0
         self.peak_bytes: int | None = None
         self.device_used_bytes: int | None = None
@@ -46,5 +49,5 @@ class PhaseTimer:
             finally:
                 if on_cuda:
                     torch.cuda.synchronize(self.device)
-                    self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+                    self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self.unbacked_bytes
                 self.seconds = time.perf_counter() - start
