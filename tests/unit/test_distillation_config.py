@@ -81,9 +81,12 @@ def test_an_unknown_key_of_the_section_is_an_error_with_did_you_mean(tiny_model_
 def test_what_verlx_lacks_is_refused_before_ray(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher_dir):
     multi = _config(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher_dir,
                     "+distillation.teacher_models.gsm8k.key=openai/gsm8k",
-                    f"+distillation.teacher_models.gsm8k.model_path={teacher_dir}")
-    with pytest.raises(ConfigError, match=r"distillation.teacher_models has \['gsm8k', 'teacher_model'\]: verlx "
-                       r"does not support multi-teacher distillation"):
+                    f"+distillation.teacher_models.gsm8k.model_path={teacher_dir}",
+                    "+distillation.teacher_models.math.key=math",
+                    f"+distillation.teacher_models.math.model_path={teacher_dir}")
+    with pytest.raises(ConfigError, match=r"distillation.teacher_models has the teachers \['gsm8k', 'math'\] \(veRL "
+                       r"drops the default teacher_model entry once others are added\): verlx does not support "
+                       r"multi-teacher distillation"):
         validate(multi)
     assert len(_problems(multi)) == 1  # nothing else is judged of several teachers
     cfg = _config(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher_dir)
@@ -94,6 +97,30 @@ def test_what_verlx_lacks_is_refused_before_ray(tiny_model_dir, arithmetic_data_
     no_teacher = _config(tiny_model_dir, arithmetic_data_dir, tmp_path, "null")
     assert _problems(no_teacher) == ["distillation.enabled=true needs distillation.teacher_models.teacher_model."
                                      "model_path (the teacher's HF model directory or hub id)"]
+
+
+def test_one_added_teacher_entry_is_the_teacher_as_in_verl(tiny_model_dir, arithmetic_data_dir, tmp_path,
+                                                           teacher_dir):
+    """veRL's VeOmni OPD script names its one teacher (+distillation.teacher_models.gsm8k.*): veRL drops the default
+    teacher_model entry (its model_path left null) once another is added, and routes every sample to a single
+    teacher whatever its key."""
+    cfg = _config(tiny_model_dir, arithmetic_data_dir, tmp_path, "null",
+                  "+distillation.teacher_models.gsm8k.key=openai/gsm8k",
+                  f"+distillation.teacher_models.gsm8k.model_path={teacher_dir}")
+    d = cfg.distillation
+    assert sorted(d.teacher_models) == ["gsm8k", "teacher_model"] and list(d.teachers) == ["gsm8k"]
+    assert (d.teacher_name, d.teacher.model_path, d.teacher.key) == ("gsm8k", teacher_dir, "openai/gsm8k")
+    assert _problems(cfg) == []
+    validate(cfg)
+    cfg = _config(tiny_model_dir, arithmetic_data_dir, tmp_path, "null",
+                  "+distillation.teacher_models.gsm8k.inference.max_model_len=8")
+    inference = cfg.distillation.teacher.inference
+    needed = inference.prompt_length + inference.response_length + 1
+    assert _problems(cfg) == [  # messages name the entry the teacher is read from
+        "distillation.enabled=true needs distillation.teacher_models.gsm8k.model_path (the teacher's HF model "
+        "directory or hub id)",
+        f"distillation.teacher_models.gsm8k.inference.max_model_len=8 is shorter than prompt_length + "
+        f"response_length + 1 = {needed} (veRL refuses it: the teacher reads the whole prompt and response)"]
 
 
 def test_a_teacher_with_another_vocabulary_is_refused(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher_dir):

@@ -64,8 +64,11 @@ class TeacherModelConfig:
     inference: TeacherInferenceConfig = field(default_factory=TeacherInferenceConfig)
 
 
+DEFAULT_TEACHER = "teacher_model"
+
+
 def _one_teacher() -> dict[str, TeacherModelConfig]:
-    return {"teacher_model": TeacherModelConfig()}
+    return {DEFAULT_TEACHER: TeacherModelConfig()}
 
 
 @dataclass
@@ -78,6 +81,23 @@ class DistillationConfig:
     teacher_key: str = "data_source"
 
     @property
+    def teachers(self) -> dict[str, TeacherModelConfig]:
+        """The teachers by entry name as veRL resolves the section: the default entry `teacher_model` is dropped once
+        other entries are added (`+distillation.teacher_models.NAME.*`), so one added entry is the single teacher."""
+        if len(self.teacher_models) > 1:
+            return {name: t for name, t in self.teacher_models.items() if name != DEFAULT_TEACHER}
+        return dict(self.teacher_models)
+
+    @property
+    def teacher_name(self) -> str:
+        """The entry name of the one teacher verlx runs (several are refused before Ray)."""
+        return next(iter(self.teachers))
+
+    @property
     def teacher(self) -> TeacherModelConfig:
-        """The one teacher verlx runs (several are refused before Ray)."""
-        return next(iter(self.teacher_models.values()))
+        return self.teachers[self.teacher_name]
+
+    @property
+    def teacher_key_prefix(self) -> str:
+        """The config path of the teacher's entry, for messages."""
+        return f"distillation.teacher_models.{self.teacher_name}"

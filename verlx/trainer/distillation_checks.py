@@ -16,10 +16,10 @@ def check_distillation(cfg: PPOConfig, f: Findings) -> None:
     d = cfg.distillation
     if not d.enabled:
         return
-    names = sorted(d.teacher_models)
-    if not f.require(names == ["teacher_model"], f"distillation.teacher_models has {names}: verlx does not support "
-                     "multi-teacher distillation (samples routed to teachers by distillation.teacher_key) yet; give "
-                     "one teacher as distillation.teacher_models.teacher_model"):
+    names = sorted(d.teachers)
+    if not f.require(len(names) == 1, f"distillation.teacher_models has the teachers {names} (veRL drops the default "
+                     "teacher_model entry once others are added): verlx does not support multi-teacher distillation "
+                     "(samples routed to teachers by distillation.teacher_key) yet; give one teacher"):
         return
     strategy = cfg.actor_rollout_ref.actor.strategy
     f.require(strategy in ("fsdp", "fsdp2"), f"distillation.enabled=true with actor_rollout_ref.actor.strategy="
@@ -34,13 +34,13 @@ def check_distillation(cfg: PPOConfig, f: Findings) -> None:
               "true")
     f.require(loss.policy_loss_mode == "vanilla", f"distillation.distillation_loss.policy_loss_mode="
               f"{loss.policy_loss_mode!r}: veRL's distillation has the vanilla policy loss only")
-    if f.require(d.teacher.model_path is not None, "distillation.enabled=true needs distillation.teacher_models."
-                 "teacher_model.model_path (the teacher's HF model directory or hub id)"):
+    if f.require(d.teacher.model_path is not None, f"distillation.enabled=true needs {d.teacher_key_prefix}."
+                 "model_path (the teacher's HF model directory or hub id)"):
         _check_vocabulary(cfg, f)
     inference = d.teacher.inference
     needed = inference.prompt_length + inference.response_length + 1
     f.require(inference.max_model_len is None or inference.max_model_len >= needed,
-              f"distillation.teacher_models.teacher_model.inference.max_model_len={inference.max_model_len} is "
+              f"{d.teacher_key_prefix}.inference.max_model_len={inference.max_model_len} is "
               f"shorter than prompt_length + response_length + 1 = {needed} (veRL refuses it: the teacher reads "
               "the whole prompt and response)")
 
@@ -53,7 +53,7 @@ def _check_vocabulary(cfg: PPOConfig, f: Findings) -> None:
     if student is None or teacher is None:
         return
     sizes = text_config(student).get("vocab_size"), text_config(teacher).get("vocab_size")
-    f.require(sizes[0] == sizes[1], f"distillation.teacher_models.teacher_model.model_path: the teacher's vocab_size "
+    f.require(sizes[0] == sizes[1], f"{cfg.distillation.teacher_key_prefix}.model_path: the teacher's vocab_size "
               f"{sizes[1]} differs from the student's {sizes[0]} (actor_rollout_ref.model.path): verlx does not "
               "support distillation across tokenizers; the teacher must score the student's token ids")
 
@@ -68,6 +68,6 @@ def distillation_mapping(cfg: PPOConfig) -> list[str]:
             "colocated and offloaded like the reference (its log-probs of the sampled tokens are the step's "
             "'teacher' phase, batched with actor_rollout_ref.ref's settings); veRL's teacher pool and inference "
             f"server are not used: distillation.n_gpus_per_node={d.n_gpus_per_node}, nnodes={d.nnodes}, "
-            f"teacher_models.teacher_model.num_replicas and inference.* (name={inference.name}, "
+            f"teacher_models.{d.teacher_name}.num_replicas and inference.* (name={inference.name}, "
             f"tensor_model_parallel_size={inference.tensor_model_parallel_size}, gpu_memory_utilization="
             f"{inference.gpu_memory_utilization}); with one teacher, teacher_key={d.teacher_key} routes nothing"]

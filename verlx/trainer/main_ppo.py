@@ -51,7 +51,7 @@ def resolve_hub_models(config: PPOConfig) -> None:
         fields += [(f"reward_model.model.{attribute}", config.reward_model.model, attribute)
                    for attribute in ("path", "input_tokenizer")]
     if config.distillation.enabled:
-        fields.append(("distillation.teacher_models.teacher_model.model_path", config.distillation.teacher,
+        fields.append((f"{config.distillation.teacher_key_prefix}.model_path", config.distillation.teacher,
                        "model_path"))
     resolve_model_paths(fields)
 

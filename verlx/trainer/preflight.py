@@ -371,7 +371,7 @@ def check_paths(cfg: PPOConfig, f: Findings) -> None:
                   "is it a HuggingFace model directory?")
     teacher = cfg.distillation.teacher.model_path if cfg.distillation.enabled else None
     if teacher is not None:
-        f.require(os.path.isdir(expand_path(teacher)), "distillation.teacher_models.teacher_model.model_path: "
+        f.require(os.path.isdir(expand_path(teacher)), f"{cfg.distillation.teacher_key_prefix}.model_path: "
                   f"directory {teacher!r} does not exist (give the teacher's local HF model directory)")
     for key, path in _model_dirs(cfg):
         f.problems += model_dir_problems(path, key)
@@ -405,7 +405,7 @@ def _model_dirs(cfg: PPOConfig) -> list[tuple[str, str]]:
     if cfg.reward_model.enable and cfg.reward_model.model.path is not None:
         dirs.append(("reward_model.model.path", cfg.reward_model.model.path))
     if cfg.distillation.enabled and cfg.distillation.teacher.model_path is not None:
-        dirs.append(("distillation.teacher_models.teacher_model.model_path", cfg.distillation.teacher.model_path))
+        dirs.append((f"{cfg.distillation.teacher_key_prefix}.model_path", cfg.distillation.teacher.model_path))
     return [(key, expand_path(path)) for key, path in dirs if path and os.path.isdir(expand_path(path))]
 
 
