@@ -9,7 +9,9 @@ gives one: an MFU against a made-up peak would read like a measurement.
 
 `perf/max_memory_allocated_gb/<phase>`: torch.cuda.max_memory_allocated over the phase (the peak statistics are
 reset when the phase starts), less what a sleeping engine keeps allocated to torch without device memory (an
-in-process vLLM's unmapped pool: RolloutEngine.unbacked_allocated_bytes), the max over ranks; absent on CPU.
+in-process vLLM's unmapped pool: RolloutEngine.unbacked_allocated_bytes, counted by its mapped sizes, so free
+space inside the pool's segments makes the correction slightly larger than torch's count), the max over ranks;
+absent on CPU.
 
 `perf/device_memory_used_gb/<phase>`: what every process holds on a rank's GPU at the phase's measured point
 (rollout: awake, after generating, the engine's KV cache included; update: after the optimizer step), the max over
