@@ -102,7 +102,8 @@ def prepare_inputs(work: str, shape: str, teacher_shape: str = "") -> tuple[str,
     return model_dir, data_dir
 
 
-def verlx_overrides(args, model_dir: str, data_dir: str, out_dir: str) -> list[str]:
+def verlx_overrides(args, model_dir: str, data_dir: str, out_dir: str, teacher_dir: str | None = None) -> list[str]:
+    """main_ppo's overrides for the run; with `teacher_dir`, on-policy distillation from that checkpoint."""
     per_gpu = args.prompts * args.n // args.gpus
     overrides = [
         "algorithm.adv_estimator=grpo", f"data.train_files={data_dir}/train.parquet",
@@ -126,9 +127,9 @@ def verlx_overrides(args, model_dir: str, data_dir: str, out_dir: str) -> list[s
         overrides.append("actor_rollout_ref.rollout.ignore_eos=true")
     if args.smoke:
         overrides += ["trainer.device=cpu", "reward.num_workers=0"]
-    if args.teacher_shape:  # veRL's on-policy distillation example's loss settings, the task reward kept
+    if teacher_dir:  # veRL's on-policy distillation example's loss settings, the task reward kept
         overrides += ["distillation.enabled=true",
-                      f"distillation.teacher_models.teacher_model.model_path={os.path.dirname(model_dir)}/teacher",
+                      f"distillation.teacher_models.teacher_model.model_path={teacher_dir}",
                       "distillation.distillation_loss.loss_mode=k1",
                       "distillation.distillation_loss.use_policy_gradient=true"]
     return [*overrides, *args.extra]
@@ -188,7 +189,9 @@ def profile_table(directory: str) -> list[dict]:
 
 def run_once(args, model_dir: str, data_dir: str, work: str, name: str, env: dict) -> dict:
     out_dir = os.path.join(work, name)
-    cmd = [sys.executable, "-m", "verlx.trainer.main_ppo", *verlx_overrides(args, model_dir, data_dir, out_dir)]
+    teacher_dir = os.path.join(work, "teacher") if args.teacher_shape else None
+    cmd = [sys.executable, "-m", "verlx.trainer.main_ppo",
+           *verlx_overrides(args, model_dir, data_dir, out_dir, teacher_dir)]
     log_path = os.path.join(work, f"{name}.log")
     rc = run_logged(cmd, env, log_path)
     rows = read_rows(os.path.join(out_dir, "metrics.jsonl"))
