@@ -8,7 +8,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import socket
 import tempfile
 import urllib.request
 
@@ -17,12 +16,6 @@ from verlx.config.roles import RolloutServerConfig
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLLM_VERSION, SGLANG_VERSION = "0.26.0", "0.5.23"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_ctx(path, port: int, **overrides):

@@ -8,20 +8,15 @@ from __future__ import annotations
 import copy
 import gc
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from verlx.utils.distributed import free_port
+
 PEAK = 2.0  # VERLX_PEAK_TFLOPS in the worker processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _policy():
@@ -162,4 +157,4 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 
 def test_fsdp_training_on_two_gloo_processes():
-    mp.start_processes(_worker, args=(2, _free_port()), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(2, free_port()), nprocs=2, join=True, start_method="spawn")

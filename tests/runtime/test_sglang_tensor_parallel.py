@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 
 import pytest
 import torch.multiprocessing as mp
@@ -14,12 +13,7 @@ from packaging.version import Version
 
 from engine_fakes.contexts import SHAPES
 from engine_fakes.tp_worker import run_rank, start_fails_on_leader
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from verlx.utils.distributed import free_port
 
 
 def _load(tmp_path, rank: int):

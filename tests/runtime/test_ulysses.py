@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 
 import pytest
 import torch
@@ -14,12 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from verlx.models.ulysses import check_ulysses, kv_repeats
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from verlx.utils.distributed import free_port
 
 
 def _batch():
@@ -202,7 +196,7 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 
 def test_sp2_matches_sp1_on_two_gloo_processes():
-    mp.start_processes(_worker, args=(2, _free_port()), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(2, free_port()), nprocs=2, join=True, start_method="spawn")
 
 
 def test_ulysses_size_checks_name_the_numbers():

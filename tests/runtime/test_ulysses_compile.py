@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from verlx.utils.distributed import free_port
 
 
 def _worker(rank: int, world: int, port: int) -> None:
@@ -50,7 +51,4 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 
 def test_compiled_sp2_matches_eager_sp1():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(2, port), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(2, free_port()), nprocs=2, join=True, start_method="spawn")

@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 
 import torch.multiprocessing as mp
 
 from engine_fakes.fake_vllm_server import write_importable_package
 from engine_fakes.tp_worker import run_vllm_server_rank
+from verlx.utils.distributed import free_port
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_one_group_of_two_drives_one_server(tmp_path, monkeypatch):

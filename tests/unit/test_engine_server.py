@@ -15,8 +15,9 @@ import socket
 import pytest
 
 from engine_fakes.contexts import left_padded_prompts
-from engine_fakes.servers import free_port, served_fake, server_ctx, server_log
+from engine_fakes.servers import served_fake, server_ctx, server_log
 from verlx.rollout.engine_server import ServerExitedError, ServerStartError
+from verlx.utils.distributed import free_port
 
 START_ERRORS = {  # the engine's start-up failure (its stand-in's variable) and the line of it the log must show
     "vllm": ("FAKE_VLLM_START_ERROR", "CUDA out of memory. Tried to allocate 2.00 GiB",

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
-from engine_fakes.servers import calls, free_port, served_fake, server_ctx, server_log
+from engine_fakes.servers import calls, served_fake, server_ctx, server_log
 from verlx.config.roles import RolloutServerConfig
 from verlx.rollout.sglang_engine import SGLangRolloutEngine
+from verlx.utils.distributed import free_port
 
 
 @pytest.fixture

@@ -17,11 +17,12 @@ import torch
 
 from engine_fakes.contexts import left_padded_prompts, make_ctx, trainer_weights
 from engine_fakes.fake_sglang import fake_completion
-from engine_fakes.servers import calls, free_port, served_fake, server_ctx, server_log
+from engine_fakes.servers import calls, served_fake, server_ctx, server_log
 from verlx.protocol import DataProto
 from verlx.rollout.vllm_engine import VLLMRolloutEngine
 from verlx.rollout.vllm_server import SERVER_ENV
 from verlx.rollout.weight_sync import WeightSyncError
+from verlx.utils.distributed import free_port
 
 HF_NAMES = [n.replace("_fsdp_wrapped_module.", "") for n, _ in trainer_weights()]
 

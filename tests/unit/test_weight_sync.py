@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +21,7 @@ from verlx.rollout.weight_sync import (
     iter_engine_weights,
     update_status,
 )
+from verlx.utils.distributed import free_port
 
 
 def test_engine_weights_names_dtype_and_tied_head():
@@ -41,10 +41,7 @@ def test_engine_weights_names_dtype_and_tied_head():
 def test_sharded_parameters_are_gathered():
     from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         full = torch.arange(12, dtype=torch.float32).reshape(4, 3)
         sharded = distribute_tensor(full, DeviceMesh("cpu", [0]), [Shard(0)])

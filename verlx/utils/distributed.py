@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import socket
 
 import torch
 import torch.distributed as dist
 
+#: where free_port looks: below Linux's default ephemeral range (32768-60999), whose ports the OS hands to every
+#: outgoing connection of any process, so a port found free there can be taken before the rendezvous binds it
+#: (EADDRINUSE, seen in CI beside Ray's connections)
+LISTEN_PORTS = range(20000, 32000)
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a one-machine rendezvous)."""
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a one-machine rendezvous), outside the ephemeral
+    range where the OS would not give it to a connection meanwhile; an OS-given one if that range seems full."""
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.choice(LISTEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
