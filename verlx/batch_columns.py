@@ -68,6 +68,9 @@ ENTROPYS = "entropys"
 SUM_PI_SQUARED = "sum_pi_squared"
 REF_LOG_PROB = "ref_log_prob"
 TEACHER_LOG_PROB = "teacher_log_prob"
+TEACHER_TOPK_IDS = "teacher_topk_ids"
+TEACHER_TOPK_LOG_PROBS = "teacher_topk_log_probs"
+TEACHER_COLUMNS = (TEACHER_LOG_PROB, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS)
 FULL_KL = "full_kl"
 VALUES = "values"
 ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
@@ -110,6 +113,9 @@ COLUMNS = {
     SUM_PI_SQUARED: "sum over the vocabulary of p^2 per token [B, R]",
     REF_LOG_PROB: "the reference model's log-probs [B, R]",
     TEACHER_LOG_PROB: "on-policy distillation: the teacher's log-probs of the sampled tokens [B, R]",
+    TEACHER_TOPK_IDS: "on-policy distillation, loss_mode=forward_kl_topk: the teacher's k likeliest next tokens at "
+                      "each response position [B, R, k]",
+    TEACHER_TOPK_LOG_PROBS: "their log-probs under the teacher [B, R, k]",
     FULL_KL: "the full-vocabulary KL to the reference per token [B, R]",
     VALUES: "the critic's values [B, R]",
     ROLLOUT_IS_WEIGHTS: "rollout correction's importance weights per token [B, R]",

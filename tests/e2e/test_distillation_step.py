@@ -49,3 +49,24 @@ def test_main_ppo_trains_the_student_towards_a_colocated_teacher(tiny_model_dir,
         assert row["distillation/abs_loss"] > 0
     with open(tmp_path / "metrics.jsonl") as f:
         assert all("actor/pg_loss" in json.loads(line) for line in f)  # computed for its metrics, as in veRL
+
+
+def test_forward_kl_topk_runs_the_teachers_top_k_through_the_step(tiny_model_dir, teacher_dir, arithmetic_data_dir,
+                                                                   tmp_path):
+    """loss_mode=forward_kl_topk: the teacher's top-k ids and log-probs travel from its phase to the update (one
+    step on 2 CPU workers) and the step reports the mass both models put on them."""
+    overrides = e2e_overrides(
+        tiny_model_dir, arithmetic_data_dir, tmp_path, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "trainer.total_training_steps=1", *script_distillation_overrides(str(teacher_dir)),
+        "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=16",
+        "distillation.distillation_loss.use_policy_gradient=false")
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([sys.executable, "-m", "verlx.trainer.main_ppo", *overrides], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    (row,) = read_metrics(tmp_path)
+    for name in ("distillation/loss", "distillation/student_mass", "distillation/teacher_mass", "timing_s/teacher"):
+        assert math.isfinite(row[name]), (name, row[name])
+    # 16 of the tiny vocabulary's tokens: some of the mass, not all, under either model
+    assert 0 < row["distillation/student_mass"] < 1 and 0 < row["distillation/teacher_mass"] < 1
+    assert "distillation/pg_clipfrac" not in row  # minimised directly: no PPO loss of its own

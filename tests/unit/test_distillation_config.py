@@ -63,12 +63,25 @@ def test_distillation_off_checks_nothing_and_says_nothing(tiny_model_dir, arithm
     assert _problems(cfg) == [] and not any(line.startswith("distillation") for line in apply_verl_mappings(cfg))
 
 
-def test_a_top_k_loss_is_refused_by_the_table_naming_the_key(tiny_model_dir, arithmetic_data_dir, tmp_path,
-                                                              teacher_dir):
-    with pytest.raises(ConfigError, match=r"distillation.distillation_loss.loss_mode='forward_kl_topk' \(set at "
-                       r"command line.*verlx does not support top-k distillation losses"):
-        _config(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher_dir,
-                "distillation.distillation_loss.loss_mode=forward_kl_topk")
+def test_a_top_k_loss_composes_and_says_what_the_policy_gradient_loses(tiny_model_dir, arithmetic_data_dir,
+                                                                        tmp_path, teacher_dir):
+    """forward_kl_topk runs (the teacher's top-k: verlx.models.topk_distillation); with use_policy_gradient=true
+    (the script's setting) the start says, as veRL warns, that only the sampled tokens' gradient is used; topk must
+    be at least 1."""
+    cfg = _config(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher_dir,
+                  "distillation.distillation_loss.loss_mode=forward_kl_topk")
+    assert _problems(cfg) == []
+    validate(cfg)
+    lines = [line for line in apply_verl_mappings(cfg) if line.startswith("distillation")]
+    assert len(lines) == 2 and "use_policy_gradient=true uses the top-k loss only as a per-token reward" in lines[1]
+    direct = _config(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher_dir,
+                     "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                     "distillation.distillation_loss.use_policy_gradient=false")
+    assert len([line for line in apply_verl_mappings(direct) if line.startswith("distillation")]) == 1
+    none = _config(tiny_model_dir, arithmetic_data_dir, tmp_path, teacher_dir,
+                   "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=0")
+    assert _problems(none) == ["distillation.distillation_loss.topk=0 must be at least 1 with "
+                               "loss_mode=forward_kl_topk (the teacher's tokens the forward KL runs over)"]
 
 
 def test_an_unknown_key_of_the_section_is_an_error_with_did_you_mean(tiny_model_dir, arithmetic_data_dir, tmp_path,
@@ -147,7 +160,8 @@ def test_verls_own_rules_of_the_section(tiny_model_dir, arithmetic_data_dir, tmp
     (mode,) = problems("distillation.distillation_loss.policy_loss_mode=gspo")
     assert "policy_loss_mode='gspo': veRL's distillation has the vanilla policy loss only" in mode
     (unknown,) = problems("distillation.distillation_loss.loss_mode=k4")
-    assert "loss_mode='k4' is not one of ['kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3']" in unknown
+    assert ("loss_mode='k4' is not one of ['kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3', 'forward_kl_topk']"
+            in unknown)
     # the teacher reads prompt (32) and response (8) and veRL asks room for one more token
     (short,) = problems("distillation.teacher_models.teacher_model.inference.max_model_len=40")
     assert "max_model_len=40 is shorter than prompt_length + response_length + 1 = 41" in short

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from verlx.algorithms.distillation import distillation_loss
+from verlx.algorithms.kl import kl_penalty
 from verlx.config.distillation import DistillationLossConfig
 
 S = [[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]]
@@ -21,6 +22,12 @@ T = [[-1.5, -1.0, -0.5], [-0.7, -1.0, -10.0]]
 MASK = [[1, 1, 1], [1, 1, 0]]
 # old log-probs of the policy-gradient form: log ratio S - OLD = [[0, 0.3, 0], [0.3, 0, 0]]
 OLD = [[-1.0, -2.3, -0.5], [-0.5, -3.0, -1.0]]
+
+
+def _loss(config, student, teacher, old, mask, mode, **kwargs):
+    """The estimator modes' per-token losses, kl_penalty(student, teacher), into distillation_loss."""
+    return distillation_loss(config, kl_penalty(student, teacher, config.loss_mode), student, old, mask, mode,
+                             **kwargs)
 
 
 def _tensors(student=S):
@@ -31,13 +38,13 @@ def _tensors(student=S):
 def test_k3_minimised_directly_is_the_token_mean_of_the_clamped_estimate():
     student, teacher, old, mask = _tensors()
     # no clamp: (0.10653066 + 0.71828183 + 0 + 0.10653066 + 4.38905610) / 5 = 5.32039925 / 5
-    out = distillation_loss(DistillationLossConfig(loss_mode="k3"), student, teacher, old, mask, "token-mean")
+    out = _loss(DistillationLossConfig(loss_mode="k3"), student, teacher, old, mask, "token-mean")
     assert out.loss.item() == pytest.approx(1.06407985, abs=1e-7)
     # extremes over the valid tokens only (the padded 8.00012341 is not one), before any clamp
     assert (out.loss_min.item(), out.loss_max.item()) == pytest.approx((0.0, 4.38905610), abs=1e-7)
     assert out.means["distillation/abs_loss"].item() == pytest.approx(1.06407985, abs=1e-7)
     # loss_max_clamp=1: 4.38905610 becomes 1 -> (0.10653066 + 0.71828183 + 0 + 0.10653066 + 1) / 5 = 1.93134315 / 5
-    clamped = distillation_loss(DistillationLossConfig(loss_mode="k3", loss_max_clamp=1.0), student, teacher, old,
+    clamped = _loss(DistillationLossConfig(loss_mode="k3", loss_max_clamp=1.0), student, teacher, old,
                                 mask, "token-mean")
     assert clamped.loss.item() == pytest.approx(0.38626863, abs=1e-7)
     assert clamped.loss_max.item() == pytest.approx(4.38905610, abs=1e-7)  # reported before clamping
@@ -52,7 +59,7 @@ def test_k3_minimised_directly_is_the_token_mean_of_the_clamped_estimate():
 def test_k1_as_a_reward_is_the_ppo_clipped_loss_with_advantage_minus_the_clamped_loss():
     student, teacher, old, mask = _tensors()
     cfg = DistillationLossConfig(loss_mode="k1", loss_max_clamp=1.0, use_policy_gradient=True)
-    out = distillation_loss(cfg, student, teacher, old, mask, "token-mean")
+    out = _loss(cfg, student, teacher, old, mask, "token-mean")
     # k1 clamped to ±1: [[0.5, -1, 0], [0.5, -1, 1]] -> advantages A = [[-0.5, 1, 0], [-0.5, 1, -1]]
     # ratio r = e^(S - OLD) = [[1, 1.34985881, 1], [1.34985881, 1, 1]], clip range [0.8, 1.2]
     # per token max(-A r, -A clip(r)):

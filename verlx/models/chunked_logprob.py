@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 
-def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+def scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
     """z = h Wᵀ / T for one chunk, fp32 for half inputs (a fresh tensor the caller may modify in place)."""
     z = torch.matmul(hidden, weight.t())
     if z.dtype in (torch.bfloat16, torch.float16):
@@ -56,7 +56,7 @@ class _ChunkedLogProb(torch.autograd.Function):
                 if with_entropy:
                     flat_entropy[start:end] = stats[2]
                 continue
-            z = _scaled_logits(hidden[start:end], weight, temperature)
+            z = scaled_logits(hidden[start:end], weight, temperature)
             chunk_lse = torch.logsumexp(z, dim=-1)
             lse[start:end] = chunk_lse
             flat_logp[start:end] = z.gather(-1, targets[start:end].unsqueeze(-1)).squeeze(-1) - chunk_lse
@@ -105,7 +105,7 @@ def _eager_logit_grad(h, weight, t, lse, grad_logp, targets, entropy, grad_entro
     """dL/dz of one chunk in h's dtype, in place on one fp32 [chunk, vocab] block (the uncompiled path)."""
     g_lp = grad_logp.unsqueeze(-1)
     # log p = z - lse;  d logp_t / dz = onehot(t) - p;  d H / dz = -p (log p + H)
-    log_p = _scaled_logits(h, weight, t).sub_(lse.unsqueeze(-1))
+    log_p = scaled_logits(h, weight, t).sub_(lse.unsqueeze(-1))
     p = torch.exp(log_p)
     if entropy is not None:
         coeff = log_p.add_(entropy.unsqueeze(-1)).mul_(grad_entropy.unsqueeze(-1))
@@ -193,7 +193,7 @@ def chunked_sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, temperatu
     out = torch.empty(flat.shape[0], device=hidden.device,
                       dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32)
     for start in range(0, flat.shape[0], chunk_size):
-        z = _scaled_logits(flat[start:start + chunk_size], weight, temperature)
+        z = scaled_logits(flat[start:start + chunk_size], weight, temperature)
         out[start:start + chunk_size] = torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
     return out.reshape(hidden.shape[:-1])
 

@@ -12,6 +12,7 @@ from torch import nn
 from verlx.models.attention import packed_attention_kwargs, prepared_packed_mask, use_packed_attention
 from verlx.models.chunked_logprob import chunked_full_kl, chunked_log_probs, chunked_sum_pi_squared
 from verlx.models.packing import HostCopy, ResponseRows, pack_batch, pack_tokens
+from verlx.models.topk_distillation import chunked_topk_forward_kl, chunked_topk_log_probs
 from verlx.models.vision import VisionLanguageBody, VisionLanguageModel, prompt_image_mask
 
 
@@ -107,10 +108,15 @@ class PolicyModel(nn.Module):
         with_sum_pi_squared: bool = False,
         host_mask: HostCopy | None = None,
         vision_inputs: dict[str, torch.Tensor] | None = None,
+        topk: int = 0,
+        teacher_topk: tuple[torch.Tensor, torch.Tensor, float | None] | None = None,
     ):
         """(log_probs, entropy) of the response tokens, [B, R] each; plus the exact per-token KL to `kl_reference`
         (the reference's response hidden states [B, R, H] and output weight) when given; plus, last, sum_v pi_v^2
-        per token (no gradient) with with_sum_pi_squared. With return_response_hidden, returns instead this model's
+        per token (no gradient) with with_sum_pi_squared; then, with `topk`, this model's top-k token ids and
+        log-probs [B, R, k] (a distillation teacher's); then, with `teacher_topk` (those ids and log-probs, and the
+        clamp of log-probs or None), the forward KL over them and this model's mass on them, [B, R] each
+        (verlx.models.topk_distillation). With return_response_hidden, returns instead this model's
         (response hidden states [B, R, H], output weight), detached copies, for use as another model's
         kl_reference. Packed: zeros where the response is padding; `host_mask` spares packing a device sync."""
         decoder, token_inputs = self.hf_model.get_decoder(), None
@@ -134,6 +140,14 @@ class PolicyModel(nn.Module):
             outputs += (_owned(rows.assemble(full_kl)),)
         if with_sum_pi_squared:
             outputs += (rows.assemble(chunked_sum_pi_squared(rows.hidden, weight, temperature, chunk_size)),)
+        if topk:
+            ids, top_log_probs = chunked_topk_log_probs(rows.hidden, weight, topk, temperature, chunk_size)
+            outputs += (rows.assemble(ids), rows.assemble(top_log_probs))
+        if teacher_topk is not None:
+            ids, top_log_probs, min_clamp = teacher_topk
+            kl, mass = chunked_topk_forward_kl(rows.hidden, weight, rows.select(ids), rows.select(top_log_probs),
+                                               temperature, chunk_size, min_clamp)
+            outputs += (_owned(rows.assemble(kl)), rows.assemble(mass))
         return outputs
 
 

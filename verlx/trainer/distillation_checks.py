@@ -1,15 +1,13 @@
 """Pre-flight checks of on-policy distillation (distillation.*), before Ray: what verlx's colocated FSDP teacher can
-serve (one teacher, an estimator loss, the FSDP engine, the student's vocabulary), and veRL's own rules of the
+serve (one teacher, an estimator or top-k loss, the FSDP engine, the student's vocabulary), and veRL's own rules of the
 section (k1 only as a reward, the vanilla policy loss, a teacher context that holds prompt and response)."""
 
 from __future__ import annotations
 
-from verlx.algorithms.distillation import ESTIMATOR_MODES
+from verlx.algorithms.distillation import ESTIMATOR_MODES, TOP_K_MODES, uses_teacher_topk
 from verlx.config.loader import Findings
 from verlx.config.schema import PPOConfig
 from verlx.models.checkpoint_config import read_checkpoint_config, text_config
-
-TOP_K_MODES = ("forward_kl_topk",)  # refused by the compatibility table, naming the teacher's top-k log-probs
 
 
 def check_distillation(cfg: PPOConfig, f: Findings) -> None:
@@ -26,8 +24,10 @@ def check_distillation(cfg: PPOConfig, f: Findings) -> None:
               f"{strategy}: verlx does not support distillation on the megatron engine yet (its teacher is an FSDP "
               "model colocated with the actor)")
     loss = d.distillation_loss
-    if loss.loss_mode not in TOP_K_MODES:
-        f.choice("distillation.distillation_loss.loss_mode", loss.loss_mode, ESTIMATOR_MODES)
+    f.choice("distillation.distillation_loss.loss_mode", loss.loss_mode, (*ESTIMATOR_MODES, *TOP_K_MODES))
+    if loss.loss_mode in TOP_K_MODES:
+        f.require((loss.topk or 0) >= 1, f"distillation.distillation_loss.topk={loss.topk} must be at least 1 with "
+                  f"loss_mode={loss.loss_mode} (the teacher's tokens the forward KL runs over)")
     f.require(loss.use_policy_gradient or loss.loss_mode not in ("kl", "k1"),
               f"distillation.distillation_loss.loss_mode={loss.loss_mode} with use_policy_gradient=false: the "
               "gradient of k1 does not depend on the teacher (veRL refuses it too); use k3, or use_policy_gradient="
@@ -70,4 +70,8 @@ def distillation_mapping(cfg: PPOConfig) -> list[str]:
             f"server are not used: distillation.n_gpus_per_node={d.n_gpus_per_node}, nnodes={d.nnodes}, "
             f"teacher_models.{d.teacher_name}.num_replicas and inference.* (name={inference.name}, "
             f"tensor_model_parallel_size={inference.tensor_model_parallel_size}, gpu_memory_utilization="
-            f"{inference.gpu_memory_utilization}); with one teacher, teacher_key={d.teacher_key} routes nothing"]
+            f"{inference.gpu_memory_utilization}); with one teacher, teacher_key={d.teacher_key} routes nothing"
+            ] + ([f"distillation: loss_mode={d.distillation_loss.loss_mode} with use_policy_gradient=true uses the "
+                  "top-k loss only as a per-token reward on the sampled tokens, so how the other tokens should move "
+                  "is lost (veRL warns the same); use_policy_gradient=false minimises it directly"]
+                 if uses_teacher_topk(d.distillation_loss) and d.distillation_loss.use_policy_gradient else [])

@@ -3,7 +3,7 @@ distillation, the teacher."""
 
 from __future__ import annotations
 
-from verlx.batch_columns import LOG_PROB_INPUTS, select_inputs
+from verlx.batch_columns import LOG_PROB_INPUTS, TEACHER_COLUMNS, select_inputs
 from verlx.protocol import DataProto
 from verlx.utils.timer import timed
 
@@ -19,8 +19,12 @@ def reference_log_probs(actor_wg, batch: DataProto, metrics: dict, timing: dict)
 
 
 def teacher_log_probs(actor_wg, batch: DataProto, metrics: dict, timing: dict) -> None:
-    """batch['teacher_log_prob']: the teacher's log-probs of the tokens the student sampled."""
+    """The teacher's columns: batch['teacher_log_prob'], its log-probs of the tokens the student sampled, or with
+    loss_mode=forward_kl_topk batch['teacher_topk_ids'] and ['teacher_topk_log_probs'] (its top-k at each
+    position)."""
     with timed("teacher", timing):
         teacher = actor_wg.compute_teacher_log_prob(select_inputs(batch, LOG_PROB_INPUTS))
         metrics.update(teacher.meta_info.get("metrics", {}))
-        batch.batch["teacher_log_prob"] = teacher.batch["teacher_log_prob"]
+        for name in TEACHER_COLUMNS:
+            if name in teacher.batch:
+                batch.batch[name] = teacher.batch[name]

@@ -14,7 +14,13 @@ import torch
 from verlx.algorithms.advantages import compute_advantage, estimator_needs_greedy_baseline, uses_critic
 from verlx.algorithms.dynamic_sampling import keep_informative_groups
 from verlx.algorithms.kl import apply_kl_penalty, make_kl_controller
-from verlx.batch_columns import LOG_PROB_INPUTS, MODEL_INPUTS, non_tensor_generation_inputs, select_inputs
+from verlx.batch_columns import (
+    LOG_PROB_INPUTS,
+    MODEL_INPUTS,
+    TEACHER_COLUMNS,
+    non_tensor_generation_inputs,
+    select_inputs,
+)
 from verlx.config.schema import PPOConfig
 from verlx.metrics.data import compute_data_metrics
 from verlx.metrics.multi_turn import multi_turn_metrics
@@ -436,7 +442,7 @@ class RayPPOTrainer:
         keys = [*LOG_PROB_INPUTS, "old_log_probs", "advantages"]
         if self.config.actor_rollout_ref.actor.use_kl_loss:
             keys.append("ref_log_prob")
-        keys += [k for k in ("rollout_is_weights", "teacher_log_prob") if k in batch.batch]
+        keys += [k for k in ("rollout_is_weights", *TEACHER_COLUMNS) if k in batch.batch]
         inputs = select_inputs(batch, keys)
         if correction is not None and correction.mask is not None:
             inputs.batch["response_mask"] = inputs.batch["response_mask"] * correction.mask.to(

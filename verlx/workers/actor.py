@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from verlx.algorithms.core import agg_loss
-from verlx.algorithms.distillation import distillation_loss
+from verlx.algorithms.core import agg_loss, masked_mean
+from verlx.algorithms.distillation import distillation_inputs, distillation_loss, uses_teacher_topk
 from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
 from verlx.algorithms.policy_losses import select_policy_loss
 from verlx.batch_columns import MODEL_INPUTS, non_tensor_inputs
@@ -47,10 +47,12 @@ class PPOActor:
         return self.rollout_correction is not None and self.rollout_correction.bypass_mode
 
     def _head(self, temperature: float, with_entropy: bool, full_kl: bool = False,
-              sum_pi_squared: bool = False) -> Head:
+              sum_pi_squared: bool = False, distillation=None) -> Head:
         kl_reference = self.reference.response_hidden if full_kl else None
+        topk = distillation is not None and uses_teacher_topk(distillation)
         return Head("log_probs", temperature, with_entropy, self.config.logprob_chunk_size, kl_reference,
-                    sum_pi_squared)
+                    sum_pi_squared, with_teacher_topk=topk,
+                    topk_min_clamp=distillation.log_prob_min_clamp if topk else None)
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
@@ -90,6 +92,21 @@ class PPOActor:
             return {name: torch.zeros(data.batch["responses"].shape) for name in names}
         return {name: collect(outputs, name, order) for name in names}
 
+    @torch.no_grad()
+    def topk_log_probs(self, data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool,
+                       max_token_len: int, k: int) -> dict[str, torch.Tensor]:
+        """{"topk_ids", "topk_log_probs"} [B, R, k]: this model's k likeliest next tokens at each response position
+        and their log-probs (a distillation teacher's, for loss_mode=forward_kl_topk), in data's order."""
+        parts, order = micro_batches(data, micro_batch_size, use_dynamic_bsz, max_token_len,
+                                     key="log_prob_max_token_len_per_gpu", split=sequence_split_size(self.config))
+        head = Head("log_probs", data.meta_info.get("temperature", 1.0), False, self.config.logprob_chunk_size,
+                    topk=k)
+        outputs = self.engine.forward(parts, head)
+        if outputs is None:  # a rank that returns nothing; the shape keeps DataProto consistent
+            shape = (*data.batch["responses"].shape, k)
+            return {"topk_ids": torch.zeros(shape, dtype=torch.long), "topk_log_probs": torch.zeros(shape)}
+        return {name: collect(outputs, name, order) for name in ("topk_ids", "topk_log_probs")}
+
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto, mini_batch_size: int, micro_batch_size: int | None) -> dict[str, float]:
         """PPO epochs over mini-batches of `mini_batch_size` samples (this rank's share); one step per mini-batch.
@@ -105,9 +122,10 @@ class PPOActor:
         if "rollout_is_weights" in data.batch:
             keys.append("rollout_is_weights")
         if self.distillation is not None:
-            keys.append("teacher_log_prob")
+            keys += distillation_inputs(self.distillation)
         head = self._head(data.meta_info.get("temperature", 1.0), cfg.entropy_coeff != 0,
-                          full_kl=cfg.use_kl_loss and kl_needs_full_distribution(cfg.kl_loss_type))
+                          full_kl=cfg.use_kl_loss and kl_needs_full_distribution(cfg.kl_loss_type),
+                          distillation=self.distillation)
         data = data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor_inputs(data.non_tensor_batch),
                            meta_info_keys=[])
         metrics = MetricAccumulator(self.engine.device)
@@ -215,12 +233,19 @@ def compose_distillation_loss(cfg, distill, loss_fn, mb: DataProto, out: dict, c
     device = log_prob.device
     mask = mb.batch["response_mask"].to(device)
     weights = mb.batch.get("rollout_is_weights")
-    result = distillation_loss(distill, log_prob, mb.batch["teacher_log_prob"].to(device),
-                               mb.batch["old_log_probs"].to(device), mask, cfg.loss_agg_mode,
-                               weights=None if weights is None else weights.to(device), **_agg_counts(cfg, counts))
+    share = mask.sum() / counts["rank_tokens"]
+    if uses_teacher_topk(distill):
+        losses = out["topk_kl"]
+        metrics.add_sum("distillation/student_mass", masked_mean(out["topk_student_mass"], mask).detach() * share)
+        teacher_mass = mb.batch["teacher_topk_log_probs"].to(device).exp().sum(-1)
+        metrics.add_sum("distillation/teacher_mass", masked_mean(teacher_mass, mask) * share)
+    else:
+        losses = kl_penalty(log_prob, mb.batch["teacher_log_prob"].to(device), distill.loss_mode)
+    result = distillation_loss(distill, losses, log_prob, mb.batch["old_log_probs"].to(device), mask,
+                               cfg.loss_agg_mode, weights=None if weights is None else weights.to(device),
+                               **_agg_counts(cfg, counts))
     metrics.add_min("distillation/loss_min", result.loss_min)
     metrics.add_max("distillation/loss_max", result.loss_max)
-    share = mask.sum() / counts["rank_tokens"]
     for name, value in result.means.items():
         metrics.add_sum(name, value * share)
     metrics.add_sum("distillation/loss", result.loss.detach())

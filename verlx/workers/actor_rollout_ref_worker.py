@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verlx.algorithms.distillation import uses_teacher_topk
 from verlx.algorithms.kl import kl_needs_full_distribution
 from verlx.batch_columns import ENTROPYS, OLD_LOG_PROBS, SUM_PI_SQUARED
 from verlx.config.schema import PPOConfig
@@ -392,8 +393,9 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         if self.ref is None:
             raise RuntimeError(f"role {self.role} has no reference model")
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        log_prob, metrics = self._frozen_log_prob(self.ref, "ref", self.hf_config, data, ref=True)
-        out = DataProto({"ref_log_prob": log_prob}, meta_info={"metrics": metrics})
+        log_prob, metrics = self._frozen_pass("ref", self.hf_config, data,
+                                              lambda *batching: self.ref.compute_log_prob(data, *batching)[0], ref=True)
+        out = DataProto({"ref_log_prob": log_prob.cpu()}, meta_info={"metrics": metrics})
         if kl_needs_full_distribution(self.config.algorithm.kl_penalty) and self.config.algorithm.use_kl_in_reward:
             micro, _, _ = self._log_prob_batching(use_ref=True)
             with self._on_device(actor=True, ref=True):
@@ -407,8 +409,17 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         if self.teacher is None:
             raise RuntimeError(f"role {self.role} has no teacher model (distillation.enabled=false)")
         data.meta_info["temperature"] = 1.0  # veRL's teacher server scores prompt tokens at temperature 1 always
-        log_prob, metrics = self._frozen_log_prob(self.teacher, "teacher", self.teacher_hf_config, data, teacher=True)
-        return DataProto({"teacher_log_prob": log_prob}, meta_info={"metrics": metrics})
+        loss = self.config.distillation.distillation_loss
+        if uses_teacher_topk(loss):  # its k likeliest next tokens at each response position, and their log-probs
+            out, metrics = self._frozen_pass("teacher", self.teacher_hf_config, data,
+                                             lambda *batching: self.teacher.topk_log_probs(data, *batching, loss.topk),
+                                             teacher=True)
+            return DataProto({"teacher_topk_ids": out["topk_ids"].cpu(),
+                              "teacher_topk_log_probs": out["topk_log_probs"].cpu()}, meta_info={"metrics": metrics})
+        log_prob, metrics = self._frozen_pass("teacher", self.teacher_hf_config, data,
+                                              lambda *batching: self.teacher.compute_log_prob(data, *batching)[0],
+                                              teacher=True)
+        return DataProto({"teacher_log_prob": log_prob.cpu()}, meta_info={"metrics": metrics})
 
     def _training_timer(self, phase: str) -> PhaseTimer:
         """The timer of a phase that runs while the engine sleeps: its peak leaves out what the sleeping engine
@@ -417,16 +428,17 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         asleep = self.engine is not None and self.engine.residency.asleep
         return PhaseTimer(self.device, phase, self.rank, self.engine.unbacked_allocated_bytes() if asleep else 0)
 
-    def _frozen_log_prob(self, model, phase: str, hf_config, data: DataProto, **placement):
-        """A frozen model's (reference, teacher) log-probs of the batch on the CPU and its phase metrics, batched
-        with the reference's log-prob settings; `placement` names the model for `_on_device`."""
+    def _frozen_pass(self, phase: str, hf_config, data: DataProto, compute, **placement):
+        """A frozen model's (reference, teacher) forward pass over the batch, batched with the reference's log-prob
+        settings, and its phase metrics: `compute(micro_batch_size, use_dynamic_bsz, max_token_len)` runs it;
+        `placement` names the model for `_on_device`."""
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
         timer = self._training_timer(phase)
         with self._on_device(**placement, overlap=True), timer.measure():
-            log_prob, _ = model.compute_log_prob(data, micro, dynamic, max_tokens)
+            out = compute(micro, dynamic, max_tokens)
         metrics = phase_metrics(phase, hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
                                 share=1 / self._sp_size())
-        return log_prob.cpu(), metrics
+        return out, metrics
 
     # ------------------------------------------------------------------ training
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="actor")

@@ -31,8 +31,11 @@ class Head:
     """What a forward pass computes at the response positions of each micro-batch.
 
     kind "log_probs": {"log_prob", "entropy" (None unless with_entropy)}, plus "full_kl" (exact KL to the model
-    whose response hidden states `kl_reference(micro_batch)` returns) and "sum_pi_squared" (sum_v pi_v^2 per token,
-    forward only, with with_sum_pi_squared); "values": {"values"} (unmasked);
+    whose response hidden states `kl_reference(micro_batch)` returns), "sum_pi_squared" (sum_v pi_v^2 per token,
+    forward only, with with_sum_pi_squared), "topk_ids" and "topk_log_probs" ([B, R, topk], a distillation
+    teacher's, forward only, with topk > 0) and "topk_kl" and "topk_student_mass" (the forward KL over the
+    micro-batch's teacher_topk_ids / teacher_topk_log_probs, with with_teacher_topk; log-probs clamped below at
+    topk_min_clamp when set); "values": {"values"} (unmasked);
     "response_hidden": {"response_hidden": (hidden states [B, R, H], output weight)}, another model's kl_reference.
     """
 
@@ -42,6 +45,9 @@ class Head:
     chunk_size: int = 4096
     kl_reference: Callable[[DataProto], Any] | None = None
     with_sum_pi_squared: bool = False
+    topk: int = 0
+    with_teacher_topk: bool = False
+    topk_min_clamp: float | None = None
 
 
 @dataclass(frozen=True)

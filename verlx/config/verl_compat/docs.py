@@ -120,8 +120,9 @@ commands (commands blocked; blocked by that family alone):
   refused for its architecture alone), and one torch_memory script. Since 2026-11-28 on-policy distillation runs
   with one teacher and an estimator loss (docs/algorithms.md): the two single-teacher FSDP scripts (Qwen3-8B and
   Qwen3-VL-8B students) pass, 80 / 191 against 78 / 191 at the commit before (94bb92f, measured the same day); of
-  the other five distillation scripts two choose VeOmni, one Qwen3.5, the megatron one `forward_kl_topk` and the
-  multi-teacher one two teachers, each refused naming that.
+  the other five distillation scripts two choose VeOmni, one Qwen3.5, the megatron one the megatron engine (its
+  `forward_kl_topk` loss runs on FSDP since the same day) and the multi-teacher one two teachers, each refused
+  naming that.
 
 The launch harness stands in a vision-language config.json for the hub names of vision-language checkpoints
 (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V, Kimi-VL, MiniCPM-o), so their runs are refused as verlx refuses
@@ -168,9 +169,9 @@ running something else:
   package, configured by module patches of that package (`turbo_config`); refused naming it (it was a bare "not
   one of" before 2026-11-27), since its patches name the package's own functions.
 - **Megatron-Lite**, **torchtitan** and **AutoModel** engines, **megatron SFT**: other training engines; refused.
-- **On-policy distillation** beyond one teacher with an estimator loss on FSDP (docs/algorithms.md, "On-policy
-  distillation"): `loss_mode=forward_kl_topk` (the teacher's top-k log-probs), several teachers routed by
-  `teacher_key`, distillation on megatron, and a teacher whose vocabulary differs from the student's are refused.
+- **On-policy distillation** beyond one teacher on FSDP (docs/algorithms.md, "On-policy distillation"; the
+  estimator losses and `forward_kl_topk` run): several teachers routed by `teacher_key`, distillation on megatron,
+  and a teacher whose vocabulary differs from the student's are refused.
 - **TransferQueue**, **fully asynchronous trainers** of
   `verl.experimental` (verlx: `trainer.rollout_mode=async`), **MTP**, **QAT**, **FP8 / quantized rollout**, **routing
   replay**: features verlx lacks.

@@ -107,9 +107,6 @@ RUN_WIDE = [
     *profiler_rows("global_profiler"),
     Ignored("global_profiler.global_tool_config.precision_debugger", "settings of veRL's precision_debugger "
             "profiler, which verlx refuses as global_profiler.tool, naming the tools it has"),
-    Refused("distillation.distillation_loss.loss_mode", "top-k distillation losses (loss_mode=forward_kl_topk needs "
-            "the teacher's top-k log-probs of every position; verlx's teacher gives the sampled token's)",
-            asked_by=("forward_kl_topk",), switch="distillation.enabled"),
     Refused("transfer_queue", "TransferQueue", switch="transfer_queue.enable"),
     Refused("skip.rollout", "rollout skipping (replaying dumped rollouts)", switch="skip.rollout.enable"),
     Refused("skip.rollout_tq", "rollout skipping (replaying dumped rollouts)", switch="skip.rollout_tq.enable"),

@@ -150,6 +150,14 @@ class FSDPEngine(TrainingEngine):
         if head.with_sum_pi_squared:
             extra["with_sum_pi_squared"] = True
             names.append("sum_pi_squared")
+        if head.topk:
+            extra["topk"] = head.topk
+            names += ["topk_ids", "topk_log_probs"]
+        if head.with_teacher_topk:
+            extra["teacher_topk"] = (mb.batch["teacher_topk_ids"].to(self._device, non_blocking=True),
+                                     mb.batch["teacher_topk_log_probs"].to(self._device, non_blocking=True),
+                                     head.topk_min_clamp)
+            names += ["topk_kl", "topk_student_mass"]
         with self._adapters():
             out = self.module(**inputs, response_length=response_length, temperature=head.temperature,
                               chunk_size=head.chunk_size, with_entropy=head.with_entropy, **extra)

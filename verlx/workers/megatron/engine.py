@@ -88,6 +88,9 @@ class MegatronEngine(TrainingEngine):
         if head.kind != "log_probs" or head.kl_reference is not None:
             raise NotImplementedError("the exact KL (actor.kl_loss_type=full or algorithm.kl_penalty=full) needs the "
                                       "fsdp strategy; the megatron engine computes KLs from sampled tokens only")
+        if head.topk or head.with_teacher_topk:
+            raise NotImplementedError("top-k distillation (distillation.distillation_loss.loss_mode=forward_kl_topk) "
+                                      "needs the fsdp strategy")
         log_prob, entropy = chunk.log_probs(hidden, aligned, head.temperature, head.chunk_size, head.with_entropy)
         out = {"log_prob": log_prob, "entropy": entropy}
         if head.with_sum_pi_squared:
