@@ -14,6 +14,7 @@ import torch
 
 from verlx.algorithms.core import agg_loss, masked_mean
 from verlx.algorithms.policy_losses import POLICY_LOSSES
+from verlx.batch_columns import TEACHER_LOG_PROB, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS
 
 # veRL's single-sample estimator modes (the teacher's log-prob of the sampled token), and its top-k mode (the
 # teacher's top-k log-probs at every position: verlx.models.topk_distillation)
@@ -28,7 +29,7 @@ def uses_teacher_topk(config) -> bool:
 
 def distillation_inputs(config) -> list[str]:
     """The batch columns the teacher's phase adds and the update reads."""
-    return ["teacher_topk_ids", "teacher_topk_log_probs"] if uses_teacher_topk(config) else ["teacher_log_prob"]
+    return [TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS] if uses_teacher_topk(config) else [TEACHER_LOG_PROB]
 
 
 @dataclass

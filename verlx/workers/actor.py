@@ -9,7 +9,7 @@ from verlx.algorithms.core import agg_loss, masked_mean
 from verlx.algorithms.distillation import distillation_inputs, distillation_loss, uses_teacher_topk
 from verlx.algorithms.kl import kl_needs_full_distribution, kl_penalty
 from verlx.algorithms.policy_losses import select_policy_loss
-from verlx.batch_columns import MODEL_INPUTS, non_tensor_inputs
+from verlx.batch_columns import MODEL_INPUTS, TEACHER_LOG_PROB, TEACHER_TOPK_LOG_PROBS, non_tensor_inputs
 from verlx.metrics.accumulator import MetricAccumulator
 from verlx.protocol import DataProto
 from verlx.utils.batch_sizes import sequence_split_size
@@ -237,10 +237,10 @@ def compose_distillation_loss(cfg, distill, loss_fn, mb: DataProto, out: dict, c
     if uses_teacher_topk(distill):
         losses = out["topk_kl"]
         metrics.add_sum("distillation/student_mass", masked_mean(out["topk_student_mass"], mask).detach() * share)
-        teacher_mass = mb.batch["teacher_topk_log_probs"].to(device).exp().sum(-1)
+        teacher_mass = mb.batch[TEACHER_TOPK_LOG_PROBS].to(device).exp().sum(-1)
         metrics.add_sum("distillation/teacher_mass", masked_mean(teacher_mass, mask) * share)
     else:
-        losses = kl_penalty(log_prob, mb.batch["teacher_log_prob"].to(device), distill.loss_mode)
+        losses = kl_penalty(log_prob, mb.batch[TEACHER_LOG_PROB].to(device), distill.loss_mode)
     result = distillation_loss(distill, losses, log_prob, mb.batch["old_log_probs"].to(device), mask,
                                cfg.loss_agg_mode, weights=None if weights is None else weights.to(device),
                                **_agg_counts(cfg, counts))

@@ -13,7 +13,14 @@ import torch
 
 from verlx.algorithms.distillation import uses_teacher_topk
 from verlx.algorithms.kl import kl_needs_full_distribution
-from verlx.batch_columns import ENTROPYS, OLD_LOG_PROBS, SUM_PI_SQUARED
+from verlx.batch_columns import (
+    ENTROPYS,
+    OLD_LOG_PROBS,
+    SUM_PI_SQUARED,
+    TEACHER_LOG_PROB,
+    TEACHER_TOPK_IDS,
+    TEACHER_TOPK_LOG_PROBS,
+)
 from verlx.config.schema import PPOConfig
 from verlx.metrics.phases import phase_metrics
 from verlx.models.hf_config import import_external_lib, load_hf_config
@@ -414,12 +421,12 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
             out, metrics = self._frozen_pass("teacher", self.teacher_hf_config, data,
                                              lambda *batching: self.teacher.topk_log_probs(data, *batching, loss.topk),
                                              teacher=True)
-            return DataProto({"teacher_topk_ids": out["topk_ids"].cpu(),
-                              "teacher_topk_log_probs": out["topk_log_probs"].cpu()}, meta_info={"metrics": metrics})
+            columns = {TEACHER_TOPK_IDS: out["topk_ids"].cpu(), TEACHER_TOPK_LOG_PROBS: out["topk_log_probs"].cpu()}
+            return DataProto(columns, meta_info={"metrics": metrics})
         log_prob, metrics = self._frozen_pass("teacher", self.teacher_hf_config, data,
                                               lambda *batching: self.teacher.compute_log_prob(data, *batching)[0],
                                               teacher=True)
-        return DataProto({"teacher_log_prob": log_prob.cpu()}, meta_info={"metrics": metrics})
+        return DataProto({TEACHER_LOG_PROB: log_prob.cpu()}, meta_info={"metrics": metrics})
 
     def _training_timer(self, phase: str) -> PhaseTimer:
         """The timer of a phase that runs while the engine sleeps: its peak leaves out what the sleeping engine

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from verlx.batch_columns import MODEL_INPUTS, MULTI_MODAL_INPUTS
+from verlx.batch_columns import MODEL_INPUTS, MULTI_MODAL_INPUTS, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS
 from verlx.metrics.accumulator import MetricAccumulator
 from verlx.models.lora import lora_scaling, merged_weights
 from verlx.models.packing import HostCopy
@@ -154,8 +154,8 @@ class FSDPEngine(TrainingEngine):
             extra["topk"] = head.topk
             names += ["topk_ids", "topk_log_probs"]
         if head.with_teacher_topk:
-            extra["teacher_topk"] = (mb.batch["teacher_topk_ids"].to(self._device, non_blocking=True),
-                                     mb.batch["teacher_topk_log_probs"].to(self._device, non_blocking=True),
+            extra["teacher_topk"] = (mb.batch[TEACHER_TOPK_IDS].to(self._device, non_blocking=True),
+                                     mb.batch[TEACHER_TOPK_LOG_PROBS].to(self._device, non_blocking=True),
                                      head.topk_min_clamp)
             names += ["topk_kl", "topk_student_mass"]
         with self._adapters():
