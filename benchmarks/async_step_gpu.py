@@ -7,7 +7,7 @@ the first of the step time, the generation time, the time the trainer waited for
 the staleness, and the run's wall time. $OUT/async_step.json keeps everything.
 
   python benchmarks/async_step_gpu.py --trainer-gpus 1 --rollout-gpus 1 --steps 6 --prompts 64 --n 8
-  python benchmarks/async_step_gpu.py --smoke      # CPU: 1 + 1 worker processes, the tiny shape, 2 steps
+  python benchmarks/async_step_gpu.py --smoke      # CPU: one_step_off, 1 + 1 worker processes, tiny shape, 2 steps
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def write_summary(args, results: dict) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="CPU, tiny shape, 2 steps, sync and one_step_off")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny shape, 2 steps, one_step_off")
     p.add_argument("--shape", default="0.5b")
     p.add_argument("--modes", nargs="+", default=["sync", "one_step_off", "async"])
     p.add_argument("--trainer-gpus", type=int, default=1)
@@ -93,7 +93,7 @@ def main() -> int:
     p.add_argument("--timeout-s", type=int, default=0, help="each mode's limit (0: none); the next mode still runs")
     args = p.parse_args()
     if args.smoke:
-        args.shape, args.modes, args.steps, args.prompts, args.n = "tiny", ["sync", "one_step_off"], 2, 2, 2
+        args.shape, args.modes, args.steps, args.prompts, args.n = "tiny", ["one_step_off"], 2, 2, 2
         args.response_length, args.device, args.trainer_gpus, args.rollout_gpus = 4, "cpu", 1, 1
     work = tempfile.mkdtemp(prefix="verlx-async-")
     model_dir, data_dir = os.path.join(work, "model"), os.path.join(work, "data")

@@ -166,19 +166,18 @@ def test_megatron_parity_bf16_fails_on_a_planted_fault(tmp_path, fault, caught_b
 
 
 @pytest.mark.slow
-def test_megatron_gpu_smoke_runs_every_step_and_records_them(tmp_path):
+def test_megatron_gpu_smoke_runs_grpo_and_export_and_records_them(tmp_path):
     """The GPU script's pipeline on the CPU (fsdp and the hf engine stand in for megatron and SGLang in main_ppo):
-    every main_ppo step passes and lands in the summary. Its parity step is megatron_parity.py, run on its own by
-    test_megatron_parity_cpu_mode_matches_fsdp_at_tp2_and_pp2 (left out here: the suite's time)."""
+    the GRPO run and the export of its checkpoint pass and land in the summary. Left out for the suite's time:
+    parity (megatron_parity.py, run by test_megatron_parity_cpu_mode_matches_fsdp_at_tp2_and_pp2), and resume and
+    the critic, which on the CPU are fsdp main_ppo runs that the e2e tests cover."""
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "benchmarks/megatron_gpu.py", "--smoke", "--work", str(tmp_path / "w"),
-                           "--only", "grpo", "export", "resume", "ppo_critic"],
+                           "--only", "grpo", "export"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = json.loads((tmp_path / "megatron_gpu.json").read_text())["steps"]
-    assert list(steps) == ["grpo", "export", "resume", "ppo_critic"]
+    assert list(steps) == ["grpo", "export"]
     assert all(step["ok"] for step in steps.values())
     assert [row["step"] for row in steps["grpo"]["rows"]] == [1, 2, 3]
-    assert "resumed at step 3: True" in steps["resume"]["details"]
-    assert all(row["critic/vf_loss"] > 0 for row in steps["ppo_critic"]["rows"])
     assert "| export | True |" in proc.stdout
