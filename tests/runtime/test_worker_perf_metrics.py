@@ -115,3 +115,35 @@ def test_generation_peak_memory_enters_the_step_peak(fixed_phases, tiny_model_di
     update = worker.update_actor(data).meta_info["metrics"]
     assert update["perf/max_memory_allocated_gb/actor"] == 1.0
     assert step_memory_peak({**out.meta_info["metrics"], **update}) == {"perf/max_memory_allocated_gb": 3.0}
+
+
+def test_every_role_of_the_process_leaves_the_sleeping_engines_unbacked_bytes_out_of_its_peak(
+        fixed_phases, tiny_model_dir, tmp_path, monkeypatch):
+    """An in-process engine that sleeps with memory unmapped under tensors torch still counts (vLLM's pool) makes
+    every phase's allocator peak too high, in whichever role of the colocated process runs it: the actor's phases
+    and the critic's leave those bytes out, generation (the engine awake) keeps its peak. On the CPU the timer is
+    given a peak of 5 GiB per phase and the engine 2 GiB asleep."""
+    from verlx.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+    from verlx.workers.critic_worker import CriticWorker
+
+    @contextmanager
+    def measure_with_peak(self):
+        yield self
+        self.peak_bytes = 5 * 2**30 - self.unbacked_bytes
+
+    monkeypatch.setattr(perf.PhaseTimer, "measure", measure_with_peak)
+    cfg = make_config(tiny_model_dir, tmp_path, tmp_path, "trainer.n_gpus_per_node=1", "algorithm.adv_estimator=gae")
+    actor = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    actor.init_model()
+    critic = CriticWorker(cfg)
+    critic.init_model()
+    monkeypatch.setattr(actor.engine, "unbacked_allocated_bytes", lambda: 2 * 2**30)
+    prompts = _batch(rows=4).select(["input_ids", "attention_mask", "position_ids"], [], [])
+    prompts = DataProto({k: v[:, :6] for k, v in prompts.batch.items()}, meta_info={"do_sample": False})
+    gen = actor.generate_sequences(prompts).meta_info["metrics"]
+    assert gen["perf/max_memory_allocated_gb/gen"] == 5.0
+    data = _batch(rows=4)
+    assert actor.update_actor(data).meta_info["metrics"]["perf/max_memory_allocated_gb/actor"] == 3.0
+    assert critic.compute_values(data).meta_info["metrics"]["perf/max_memory_allocated_gb/critic_infer"] == 3.0
+    actor.close()  # the engine gone: nothing left out
+    assert critic.update_critic(data).meta_info["metrics"]["perf/max_memory_allocated_gb/critic"] == 5.0

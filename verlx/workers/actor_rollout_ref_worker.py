@@ -33,6 +33,7 @@ from verlx.utils.batch_sizes import per_gpu_micro_batch_size, ppo_batch_sizes
 from verlx.utils.compile_cache import compile_cache_note
 from verlx.utils.distributed import init_distributed
 from verlx.utils.errors import storage_errors
+from verlx.utils.memory import count_unbacked_allocations
 from verlx.utils.paths import expand_path
 from verlx.utils.seeding import seed_everything
 from verlx.workers.actor import PPOActor
@@ -40,7 +41,7 @@ from verlx.workers.auto_settings import resolve_actor_settings
 from verlx.workers.engine import ModelSpec, engine_class
 from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
-from verlx.workers.perf import PhaseTimer
+from verlx.workers.perf import PhaseTimer, training_phase_timer
 from verlx.workers.profiling import StepProfiling, finish_profiling
 from verlx.workers.tokenizer import load_tokenizer, stop_token_ids
 
@@ -234,12 +235,20 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         used_before = self._device_used_bytes()
         self.engine = engine_cls(ctx)
         self.engine_ctx = ctx
+        count_unbacked_allocations("rollout engine", self._asleep_engine_unbacked_bytes)
         self.engine.sleep()  # until the first generation (an engine of a rollout group of its own stays awake)
         if used_before is not None:  # no other role allocates meanwhile: the difference is the engine's
             measured = engine_resident_bytes(used_before, self._device_used_bytes())
             self.engine_resident_bytes = measured or 0
             if measured is not None and self.engine.residency.asleep:
                 self.engine_asleep_gb = measured / 2**30
+
+    def _asleep_engine_unbacked_bytes(self) -> int:
+        """What the sleeping engine keeps allocated to torch without device memory (RolloutEngine.
+        unbacked_allocated_bytes); 0 while it is awake or gone. Every role of this process times its phases with it
+        (workers/perf.training_phase_timer)."""
+        asleep = self.engine is not None and self.engine.residency.asleep
+        return self.engine.unbacked_allocated_bytes() if asleep else 0
 
     # ------------------------------------------------------------------ rollout
     def _actor_weights(self) -> PolicyWeights | None:
@@ -385,7 +394,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=False)
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
-        timer = self._training_timer("actor_infer")
+        timer = training_phase_timer(self.device, "actor_infer", self.rank)
         sum_pi_squared = bool(data.meta_info.get("calculate_sum_pi_squared", False))
         with self._on_device(actor=True, overlap=True), timer.measure():
             out = self.actor.log_prob_outputs(data, micro, dynamic, max_tokens, calculate_entropy=True,
@@ -428,19 +437,12 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
                                               teacher=True)
         return DataProto({TEACHER_LOG_PROB: log_prob.cpu()}, meta_info={"metrics": metrics})
 
-    def _training_timer(self, phase: str) -> PhaseTimer:
-        """The timer of a phase that runs while the engine sleeps: its peak leaves out what the sleeping engine
-        keeps allocated to torch without device memory (in-process vLLM's unmapped pool, which read 100 GB on an
-        80 GB card)."""
-        asleep = self.engine is not None and self.engine.residency.asleep
-        return PhaseTimer(self.device, phase, self.rank, self.engine.unbacked_allocated_bytes() if asleep else 0)
-
     def _frozen_pass(self, phase: str, hf_config, data: DataProto, compute, **placement):
         """A frozen model's (reference, teacher) forward pass over the batch, batched with the reference's log-prob
         settings, and its phase metrics: `compute(micro_batch_size, use_dynamic_bsz, max_token_len)` runs it;
         `placement` names the model for `_on_device`."""
         micro, dynamic, max_tokens = self._log_prob_batching(use_ref=True)
-        timer = self._training_timer(phase)
+        timer = training_phase_timer(self.device, phase, self.rank)
         with self._on_device(**placement, overlap=True), timer.measure():
             out = compute(micro, dynamic, max_tokens)
         metrics = phase_metrics(phase, hf_config, sequence_lengths(data).tolist(), timer, forward_only=True,
@@ -456,7 +458,7 @@ class ActorRolloutRefWorker(Worker, StepProfiling):
         data.meta_info.setdefault("temperature", arr.rollout.temperature)
         start, wall_start = time.perf_counter(), time.time()
         full_kl = actor_cfg.use_kl_loss and kl_needs_full_distribution(actor_cfg.kl_loss_type)
-        timer = self._training_timer("actor")
+        timer = training_phase_timer(self.device, "actor", self.rank)
         with self._on_device(actor=True, ref=full_kl, optimizer=True, overlap=True), timer.measure():
             metrics = self.actor.update_policy(data, sizes.mini, sizes.micro)
             timer.note_device_used()

@@ -20,7 +20,7 @@ from verlx.workers.critic import PPOCritic
 from verlx.workers.engine import ModelSpec, engine_class
 from verlx.workers.memory_plan import process_baseline
 from verlx.workers.micro_batching import sequence_lengths
-from verlx.workers.perf import PhaseTimer
+from verlx.workers.perf import training_phase_timer
 
 
 class CriticWorker(Worker):
@@ -60,7 +60,7 @@ class CriticWorker(Worker):
         c = self.config.critic
         micro = self._micro(c.forward_micro_batch_size_per_gpu, c.forward_micro_batch_size) or self._micro(
             c.ppo_micro_batch_size_per_gpu, c.ppo_micro_batch_size)
-        timer = PhaseTimer(self.device, "critic_infer", self.rank)
+        timer = training_phase_timer(self.device, "critic_infer", self.rank)
         with self.critic.engine.on_device(overlap=True), timer.measure():
             values = self.critic.compute_values(data, micro)
         metrics = phase_metrics("critic_infer", self.hf_config, sequence_lengths(data).tolist(), timer,
@@ -72,7 +72,7 @@ class CriticWorker(Worker):
         c = self.config.critic
         sizes = ppo_batch_sizes(c, self.config.actor_rollout_ref.rollout.n, self.dp_size)
         start = time.perf_counter()
-        timer = PhaseTimer(self.device, "critic", self.rank)
+        timer = training_phase_timer(self.device, "critic", self.rank)
         with self.critic.engine.on_device(optimizer=True, overlap=True), timer.measure():
             metrics = self.critic.update_critic(data, sizes.mini, sizes.micro)
         metrics.update(phase_metrics("critic", self.hf_config, sequence_lengths(data).tolist() * c.ppo_epochs, timer,

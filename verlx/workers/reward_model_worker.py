@@ -18,7 +18,7 @@ from verlx.workers.fsdp.model_builder import apply_fsdp2, load_score_model
 from verlx.workers.fsdp.offload import Offloader
 from verlx.workers.memory_plan import EFFICIENT_MICRO_BATCH_TOKENS
 from verlx.workers.micro_batching import micro_batches, restore_order, sequence_lengths
-from verlx.workers.perf import PhaseTimer
+from verlx.workers.perf import training_phase_timer
 from verlx.workers.reward_model_inputs import retemplated_inputs, scores_at_last_response_token
 from verlx.workers.tokenizer import load_tokenizer
 
@@ -87,7 +87,7 @@ class RewardModelWorker(Worker):
     @register(Dispatch.DP_COMPUTE_PROTO, mesh="reward")
     def compute_rm_score(self, data: DataProto) -> DataProto:
         inputs = self._inputs(data)
-        timer = PhaseTimer(self.device, "reward_model", self.rank)
+        timer = training_phase_timer(self.device, "reward_model", self.rank)
         with self.offloader.on_device(overlap=True), timer.measure():
             scores = self._scores(inputs)
         metrics = phase_metrics("reward_model", self.hf_config, sequence_lengths(inputs).tolist(), timer,
