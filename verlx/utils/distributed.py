@@ -19,7 +19,7 @@ LISTEN_PORTS = range(20000, 32000)
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (for a one-machine rendezvous), outside the ephemeral
     range where the OS would not give it to a connection meanwhile; an OS-given one if that range seems full."""
-    rng = random.Random()  # seeded by the OS: the global generator is seeded alike in every rank and test
+    rng = random.Random()  # seeded by the OS: the global one is seeded by runs and tests, alike across processes
     for _ in range(64):
         port = rng.choice(LISTEN_PORTS)
         with socket.socket() as s:
