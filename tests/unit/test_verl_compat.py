@@ -212,6 +212,18 @@ def test_model_engine_megatron_is_verls_config_group():
         ppo(["model_engine=torchtitan"])
 
 
+def test_model_engine_under_the_actor_is_the_config_group(caplog):
+    """veRL's examples README and two of its scripts write actor_rollout_ref.actor.model_engine=megatron."""
+    caplog.set_level(logging.INFO)
+    under_actor = ["actor_rollout_ref.actor.model_engine=megatron",
+                   "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"]
+    assert ppo(under_actor) == ppo(["model_engine=megatron", *under_actor[1:]])
+    assert "'actor_rollout_ref.actor.model_engine=megatron' is read as 'model_engine=megatron'" in caplog.text
+    assert ppo(["actor_rollout_ref.actor.model_engine=dp"]) == ppo([])
+    with pytest.raises(ConfigError, match=r"model_engine=veomni: verlx does not support veRL's VeOmni"):
+        ppo(["actor_rollout_ref.actor.model_engine=veomni"])
+
+
 def test_ray_init_keys_reach_ray_init(monkeypatch):
     import ray
 

@@ -82,6 +82,7 @@ def prepare_overrides(overrides: Sequence[str], schema: type, table: KeyTable, g
 
     report, prepared = Report(), []
     for override in overrides:
+        override = moved_onto_group(override, table, groups, options or {}, report)
         at = GROUP_AT.match(override)
         if at and at.group(1) in (options or {}) and (options or {})[at.group(1)].get(at.group(2)):
             report.problem(option_problem(at.group(1), at.group(2), options[at.group(1)]))
@@ -117,6 +118,21 @@ def prepare_overrides(overrides: Sequence[str], schema: type, table: KeyTable, g
             head = f"'{override}' is read as '{shown}'" if shown != override else f"'{override}'"
             report.note(max(level for level, _ in notes), f"{head}: " + "; ".join(text for _, text in notes))
     return prepared, report
+
+
+def moved_onto_group(override: str, table: KeyTable, groups: Sequence[str], options: dict, report: Report) -> str:
+    """A key the table moves onto a config group (actor_rollout_ref.actor.model_engine=megatron, as veRL's examples
+    README writes it) becomes that group's choice (model_engine=megatron), with a line saying so."""
+    match = OVERRIDE.match(override)
+    if match is None or match.group(1) == "~" or not match.group(3):
+        return override
+    new_key, moves, _ = follow(table, match.group(2))
+    if not moves or not (new_key in groups or new_key in options):
+        return override
+    choice = new_key + match.group(3)
+    report.note(max(m.level for m in moves),
+                f"'{override}' is read as '{choice}': " + "; ".join(m.why for m in moves))
+    return choice
 
 
 class Origins:

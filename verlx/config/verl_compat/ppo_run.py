@@ -114,6 +114,8 @@ RUN_WIDE = [
             switch="skip.async_rollout.enable"),
     Refused("model_engine", "choosing the engine by a model_engine key (choose it as veRL does on the command line: "
             "model_engine=megatron, or in a defaults list: `- override model_engine: megatron`)", inert=(None, "dp")),
+    Moved("actor_rollout_ref.actor.model_engine", "model_engine", "the engine is veRL's config group model_engine; "
+          "veRL's examples/README.md and two of its scripts set it under the actor, which veRL's own config lacks"),
     Ignored("**._target_", "veRL's dataclass for the section; verlx builds its own typed config", quiet=True),
     Moved("ray_init", "ray_kwargs.ray_init", "veRL moved ray.init's options under ray_kwargs"),
     Alias("actor_rollout_ref.actor.ppo_micro_batch_size",
