@@ -111,6 +111,9 @@ def main() -> None:
     args = rt.parse_args()
     config = rt.qwen2_config(cli.shape, args.prompt_len + args.new_tokens)
     engine = rt.native_engine(args, config, max_num_seqs=cli.prompts)
+    hf = rt.hf_model(config, rt.DTYPES[args.dtype])  # the engine starts with random (dummy) weights: push real ones
+    engine.update_weights(hf.state_dict().items())
+    del hf
     prompts = rt.random_prompts(cli.prompts, args.prompt_len, config.vocab_size, args.seed)
     batch = DataProto(prompts.batch, {}, rt.sampling_meta(args))
     engine.generate(batch)  # warm: graphs captured
