@@ -57,8 +57,9 @@ ENVIRONMENT_VALUES = {
     "actor_rollout_ref.actor.megatron.dist_checkpointing_path": "{HOME}/dist_ckpt",
     "actor_rollout_ref.ref.megatron.dist_checkpointing_path": "{HOME}/dist_ckpt",
 }
-# Commands that veRL itself refuses at their commit (read from its configs and the scripts), with why: verlx refuses
-# them too, naming the key, and they are counted apart from the refusals of what verlx lacks.
+# Commands that veRL itself refuses at their commit (read from its configs and the scripts), with why: where verlx
+# refuses them too, naming the key, they are counted apart from the refusals of what verlx lacks (verlx reads the
+# two scripts' actor_rollout_ref.actor.model_engine as the model_engine group their authors meant).
 _NOT_IN_STRUCT = "Hydra refuses to override a key veRL's config does not have (no '+')"
 REFUSED_BY_VERL = {
     ("b178a3cd5", "examples/cispo_trainer/run_cispo_qwen2_5_0_5b_gsm8k.sh"):
@@ -78,6 +79,9 @@ REFUSED_BY_VERL = {
         f"actor_rollout_ref.actor.model_engine is no key of veRL's actor config at 1dda039b9: {_NOT_IN_STRUCT}",
     ("1dda039b9", "examples/tuning/scaling/run_qwen2_5_32b_megatron.sh"):
         f"actor_rollout_ref.actor.model_engine is no key of veRL's actor config at 1dda039b9: {_NOT_IN_STRUCT}",
+    ("1dda039b9", "recipe/dapo/run_dapo_qwen2.5_32b_rollout_corr.sh"):
+        "algorithm.rollout_correction.rollout_rs_threshold_lower and rollout_token_veto_threshold are no keys of "
+        f"veRL's algorithm/rollout_correction.yaml at 1dda039b9 nor of the DAPO recipe's config: {_NOT_IN_STRUCT}",
     ("1dda039b9", "examples/remax_trainer/run_qwen2.5_math_7b_sync_fsdp.sh"):
         "python3 -m verl.trainer.main_ppo_sync: no such module in veRL at 1dda039b9 (verl/trainer/ has main_ppo and "
         "main_ppo_v0)",

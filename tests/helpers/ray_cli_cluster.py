@@ -74,9 +74,10 @@ class CliCluster:
         os.killpg(node.process.pid, signal.SIGKILL)
         node.process.wait(timeout=60)
 
-    def stop(self, grace_s: float = 10) -> None:
+    def stop(self, grace_s: float = 2) -> None:
         """SIGTERM to every node at once; what is still running after `grace_s` is killed (a head node's own
-        shutdown took 30 s, more than the suite should spend on a cluster it throws away)."""
+        shutdown took 30 s, and the worker node's 10: more than the suite should spend on a cluster it throws
+        away)."""
         nodes = [self.nodes.pop(name) for name in list(self.nodes)]
         for node in nodes:
             _signal_group(node.process.pid, signal.SIGTERM)
