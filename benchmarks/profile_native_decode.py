@@ -2,6 +2,7 @@
 device time per decode step by kernel family; `--kernels` also times the sampler and RMSNorm alone.
 
   python benchmarks/profile_native_decode.py --shape 0.5b --prompts 256 --new-tokens 128 [--kernels]
+  python benchmarks/profile_native_decode.py --device cpu --shape tiny --prompts 4 --new-tokens 4   # smoke test
 Prints the kernels ranked by total device time (CUDA-graph replays included), a per-step breakdown (the one
 prefill of the call included, so divide-by-steps slightly overstates the decode kernels it shares names with)
 and writes a chrome trace to $OUT. --decode-backend / --sampler pick the engine's implementations.
@@ -105,10 +106,15 @@ def main() -> None:
     p.add_argument("--decode-backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--sampler", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--kernels", action="store_true", help="also time the sampler, lm_head and RMSNorm alone")
+    p.add_argument("--device", default="cuda", help="cpu only smoke-tests this script (no device kernels to rank)")
     cli = p.parse_args()
+    if cli.device == "cpu" and cli.kernels:
+        p.error("--kernels times CUDA kernels: it needs --device cuda")
     sys.argv = [sys.argv[0], "--prompts", str(cli.prompts), "--new-tokens", str(cli.new_tokens),
-                "--decode-backend", cli.decode_backend, "--sampler", cli.sampler]
+                "--decode-backend", cli.decode_backend, "--sampler", cli.sampler, "--device", cli.device]
     args = rt.parse_args()
+    rt.DEVICE = torch.device(cli.device)
+    on_cuda = rt.DEVICE.type == "cuda"
     config = rt.qwen2_config(cli.shape, args.prompt_len + args.new_tokens)
     engine = rt.native_engine(args, config, max_num_seqs=cli.prompts)
     hf = rt.hf_model(config, rt.DTYPES[args.dtype])  # the engine starts with random (dummy) weights: push real ones
@@ -119,14 +125,16 @@ def main() -> None:
     engine.generate(batch)  # warm: graphs captured
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as prof:
         engine.generate(batch)
-        torch.cuda.synchronize()
+        if on_cuda:
+            torch.cuda.synchronize()
     stats = engine.last_stats
     steps = max(1, stats.get("decode_steps") or 0)
     print(f"decode backend {engine.decode_backend}, sampler {engine.sampler.name}: decode {stats['decode_s']:.3f}s "
           f"over {steps} steps ({1e3 * stats['decode_s'] / steps:.3f} ms/step), prefill {stats['prefill_s']:.3f}s")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=cli.top, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="cuda_time_total" if on_cuda else "cpu_time_total", row_limit=cli.top,
+                                    max_name_column_width=70))
     print("device time per decode step by kernel family:")
     total = 0.0
     for family, us, launches in per_step_breakdown(prof, steps):

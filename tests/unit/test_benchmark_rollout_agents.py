@@ -1,11 +1,12 @@
 """The GPU benchmark scripts run end to end on the CPU (their smoke modes), so GPU time is not spent on a crash:
-rollout throughput, reward overhead, the agent loop, host contention, multi-turn updates."""
+rollout throughput, reward overhead, the agent loop, host contention, multi-turn updates, the native decode profile."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -129,3 +130,12 @@ def test_multi_turn_update_layouts_and_the_micro_batches_each_mode_makes():
         return sum(len(micro_batches(mini, micro, dynamic, 32768)[0]) for mini in multi.split(256))
 
     assert count(16, False) == 32 and count(None, True) == 8
+
+
+def test_native_decode_profile_smoke_pushes_weights_and_profiles_one_generate_call(tmp_path):
+    """CPU, tiny shape: the engine gets real weights before it generates (it refuses to generate on its random
+    start-up weights), one call is profiled, the per-step decode time is printed and the trace written to $OUT."""
+    proc = run_script([sys.executable, "benchmarks/profile_native_decode.py", "--device", "cpu", "--shape", "tiny",
+                       "--prompts", "4", "--new-tokens", "4"], tmp_path)
+    assert re.search(r"decode backend \w+, sampler \w+: decode [\d.]+s over 3 steps \([\d.]+ ms/step\)", proc.stdout)
+    assert (tmp_path / "native_decode_trace.json").stat().st_size > 0
