@@ -122,7 +122,12 @@ commands (commands blocked; blocked by that family alone):
   Qwen3-VL-8B students) pass, 80 / 191 against 78 / 191 at the commit before (94bb92f, measured the same day); of
   the other five distillation scripts two choose VeOmni, one Qwen3.5, the megatron one the megatron engine (its
   `forward_kl_topk` loss runs on FSDP since the same day) and the multi-teacher one two teachers, each refused
-  naming that.
+  naming that. 81 / 191 since 2026-11-28 11:00: `actor_rollout_ref.actor.model_engine=megatron`, which veRL's
+  examples README recommends and two of its scripts write (veRL's own config lacks the key, so veRL refuses them),
+  is read as the config group `model_engine=megatron` with a line saying so; the 32B scaling script passes, the
+  router-replay one stays refused for MoE routing replay. The DAPO rollout-correction recipe script counts as
+  refused by veRL too (its `rollout_rs_threshold_lower` and `rollout_token_veto_threshold` are in neither veRL's
+  config nor the recipe's).
 
 The launch harness stands in a vision-language config.json for the hub names of vision-language checkpoints
 (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V, Kimi-VL, MiniCPM-o), so their runs are refused as verlx refuses
