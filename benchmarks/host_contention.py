@@ -77,6 +77,7 @@ def competitor(args) -> None:
         loss.backward()
         optimizer.step()
         loss.item()  # the per-iteration logging most loops do: a sync
+        time.sleep(args.competitor_pause_s)
         if step == 0:
             with open(args.ready_file + ".tmp", "w") as f:
                 f.write(str(time.time()))
@@ -91,7 +92,8 @@ def start_competitor(args, work: str) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--competitor", "--ready-file", ready,
            "--competitor-device", "cuda:0" if args.device == "cuda" else "cpu",
            "--loader-workers", str(args.loader_workers), "--competitor-width", str(args.competitor_width),
-           "--competitor-layers", str(args.competitor_layers), "--competitor-batch", str(args.competitor_batch)]
+           "--competitor-layers", str(args.competitor_layers), "--competitor-batch", str(args.competitor_batch),
+           "--competitor-pause-s", str(args.competitor_pause_s)]
     with open(ready + ".log", "w") as log:  # the child keeps its own handle
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     return proc, ready
@@ -208,6 +210,9 @@ def parse_args(argv=None):
     p.add_argument("--competitor-width", type=int, default=4096)
     p.add_argument("--competitor-layers", type=int, default=8)
     p.add_argument("--competitor-batch", type=int, default=256)
+    p.add_argument("--competitor-pause-s", type=float, default=0.0,
+                   help="a pause after each of the competitor's iterations (the CPU smoke's competitor would "
+                        "otherwise take a whole core of the machine its own run is tested on)")
     p.add_argument("--extra", nargs="*", default=[], help="more main_ppo overrides")
     p.add_argument("--competitor", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--competitor-device", default="cuda:0", help=argparse.SUPPRESS)
@@ -217,6 +222,7 @@ def parse_args(argv=None):
         args.shape, args.prompts, args.n, args.response_length = "tiny", 2, 2, 4
         args.warmup, args.alone_steps, args.contended_steps = 1, 1, 1
         args.loader_workers, args.competitor_width, args.competitor_layers, args.competitor_batch = 1, 64, 2, 8
+        args.competitor_pause_s = 0.05
     return args
 
 
