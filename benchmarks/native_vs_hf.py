@@ -360,12 +360,19 @@ def print_table(report: dict) -> None:
         print("ERROR", lines[0].split(":")[0], "->", lines[-1])
 
 
-def main():
+def use_device(name: str, script: str = "native_vs_hf.py") -> torch.device:
+    """The device every helper here builds on (DEVICE); exits with a message where a CUDA GPU is asked for and
+    none is visible."""
     global DEVICE
-    args = parse_args()
-    DEVICE = torch.device(args.device)
+    DEVICE = torch.device(name)
     if DEVICE.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("native_vs_hf.py needs a CUDA GPU (--device cpu only smoke-tests the script)")
+        sys.exit(f"{script} needs a CUDA GPU (--device cpu only smoke-tests the script)")
+    return DEVICE
+
+
+def main():
+    args = parse_args()
+    use_device(args.device)
     torch.manual_seed(args.seed)
     start = time.perf_counter()
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"

@@ -113,8 +113,7 @@ def main() -> None:
     sys.argv = [sys.argv[0], "--prompts", str(cli.prompts), "--new-tokens", str(cli.new_tokens),
                 "--decode-backend", cli.decode_backend, "--sampler", cli.sampler, "--device", cli.device]
     args = rt.parse_args()
-    rt.DEVICE = torch.device(cli.device)
-    on_cuda = rt.DEVICE.type == "cuda"
+    on_cuda = rt.use_device(cli.device, "profile_native_decode.py").type == "cuda"
     config = rt.qwen2_config(cli.shape, args.prompt_len + args.new_tokens)
     engine = rt.native_engine(args, config, max_num_seqs=cli.prompts)
     hf = rt.hf_model(config, rt.DTYPES[args.dtype])  # the engine starts with random (dummy) weights: push real ones
