@@ -77,7 +77,8 @@ def competitor(args) -> None:
         loss.backward()
         optimizer.step()
         loss.item()  # the per-iteration logging most loops do: a sync
-        time.sleep(args.competitor_pause_s)
+        if args.competitor_pause_s:
+            time.sleep(args.competitor_pause_s)
         if step == 0:
             with open(args.ready_file + ".tmp", "w") as f:
                 f.write(str(time.time()))
